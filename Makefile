@@ -1,0 +1,34 @@
+# The README's commands. Each target sets itself up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-test
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export TF_USE_LEGACY_KERAS ?= 1
+
+.PHONY: test demo bench lint venv clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): setup.py | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check tfreplay tests benchmarks examples
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(PY) -m examples.demo
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

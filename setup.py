@@ -1,0 +1,40 @@
+"""Install tfreplay: `pip install .` (add `[test]`, `[examples]` or `[dev]`)."""
+
+from setuptools import find_packages, setup
+
+EXAMPLES = ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
+TEST = [
+    "pytest>=7",
+    "hypothesis>=6.80",
+    "scipy>=1.10",
+    "ruff>=0.4",
+    "nbclient>=0.9",
+    "nbformat>=5.9",
+    "ipykernel>=6.20",
+] + EXAMPLES
+
+setup(
+    name="tfreplay",
+    version="0.1.0",
+    description="TensorFlow-native experience replay: uniform buffers in tf.Variables and their NumPy twin.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tfreplay", "tfreplay.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "tensorflow>=2.15",
+        "tf-keras>=2.15",
+        "numpy>=1.23",
+        "gymnasium>=0.29",
+        "absl-py>=1.0",
+    ],
+    extras_require={
+        "test": TEST,
+        "examples": EXAMPLES,
+        "dev": TEST + ["mypy>=1.5"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,16 @@
+"""tfreplay: TensorFlow-native experience replay.
+
+The public API; everything else is an implementation detail.
+"""
+
+from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
+from tfreplay.uniform import PyUniformReplayBuffer, TFUniformReplayBuffer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BufferInfo",
+    "PyUniformReplayBuffer",
+    "ReplayBuffer",
+    "TFUniformReplayBuffer",
+]

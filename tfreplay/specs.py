@@ -1,0 +1,213 @@
+"""Spec handling: normalising a `data_spec`, naming leaves, validating batches.
+
+Every check happens here, once, at a buffer's entry point. Messages follow
+`<where>: <field> (<value>) must be <rule>` and name a leaf by its path in the
+nest (`observation/pixels`), so a user sees which field is wrong.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+Nest = Any
+
+
+def leaf_paths(structure: Nest) -> list[str]:
+    """Returns one `a/b/0`-style path per leaf, in `tf.nest.flatten` order."""
+    paths: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, collections.abc.Mapping):
+            children = [(str(k), node[k]) for k in sorted(node)]
+        elif isinstance(node, tuple) and hasattr(node, "_fields"):
+            children = [(f, getattr(node, f)) for f in node._fields]
+        elif isinstance(node, (list, tuple)):
+            children = [(str(i), v) for i, v in enumerate(node)]
+        else:
+            paths.append(prefix or "<item>")
+            return
+        for name, child in children:
+            walk(child, f"{prefix}/{name}" if prefix else name)
+
+    walk(structure, "")
+    if len(paths) != len(tf.nest.flatten(structure)):
+        # A nest type we do not walk the way tf.nest does: fall back to indices.
+        return [f"leaf{i}" for i in range(len(tf.nest.flatten(structure)))]
+    return paths
+
+
+def normalize_spec(data_spec: Nest) -> Nest:
+    """Returns `data_spec` with every leaf a fully defined `tf.TensorSpec`.
+
+    Leaves may be `tf.TensorSpec`/`BoundedTensorSpec` (kept as they are) or any
+    object with `shape` and `dtype` (a TF-Agents `ArraySpec`, say), converted.
+    """
+    if data_spec is None or not tf.nest.flatten(data_spec):
+        raise TypeError("data_spec (None or empty) must be a nest of tf.TensorSpec.")
+    leaves = tf.nest.flatten(data_spec)
+    out = []
+    for path, leaf in zip(leaf_paths(data_spec), leaves):
+        if not isinstance(leaf, tf.TensorSpec):
+            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+                raise TypeError(
+                    f"data_spec: {path} ({leaf!r}) must be a tf.TensorSpec "
+                    "or an object with `shape` and `dtype`."
+                )
+            leaf = tf.TensorSpec(tuple(leaf.shape), tf.as_dtype(leaf.dtype), path)
+        if not leaf.shape.is_fully_defined():
+            raise ValueError(
+                f"data_spec: {path} has shape {tuple(leaf.shape)}; every "
+                "dimension must be known to preallocate storage."
+            )
+        out.append(leaf)
+    return tf.nest.pack_sequence_as(data_spec, out)
+
+
+def check_positive_int(where: str, name: str, value: Any, allow_none: bool = False) -> None:
+    """Raises `ValueError` unless `value` is a positive Python/NumPy integer."""
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
+    if not ok:
+        raise ValueError(f"{where}: {name} ({value!r}) must be a positive integer.")
+
+
+def flatten_items(where: str, data_spec: Nest, items: Nest) -> list[Any]:
+    """Flattens `items` against the spec's structure, or raises `TypeError`."""
+    try:
+        tf.nest.assert_same_structure(data_spec, items, check_types=False)
+    except (ValueError, TypeError) as err:
+        raise TypeError(
+            f"{where}: items must have the structure of data_spec "
+            f"{tf.nest.map_structure(lambda s: s.dtype.name, data_spec)}; {err}"
+        ) from None
+    return tf.nest.flatten(items)
+
+
+def check_leaf(
+    where: str,
+    path: str,
+    dtype: tf.DType,
+    shape: Sequence[int | None],
+    spec: tf.TensorSpec,
+    batch_size: int | None,
+) -> None:
+    """Checks one leaf's dtype and `[batch, *spec.shape]` shape (None = unknown)."""
+    if dtype != spec.dtype:
+        raise TypeError(
+            f"{where}: {path} has dtype {dtype.name}; the spec expects "
+            f"{spec.dtype.name} (tfreplay never casts silently)."
+        )
+    inner = tuple(spec.shape.as_list())
+    shape = tuple(shape)
+    if len(shape) != len(inner) + 1:
+        raise ValueError(
+            f"{where}: {path} has shape {shape}; it must be [batch] + {list(inner)} "
+            "(an outer batch dimension, then the spec's shape)."
+        )
+    if any(got is not None and got != want for got, want in zip(shape[1:], inner)):
+        raise ValueError(
+            f"{where}: {path} has shape {shape[1:]}; the spec expects {inner} "
+            "after the batch dimension."
+        )
+    if batch_size is not None and shape[0] is not None and shape[0] != batch_size:
+        raise ValueError(
+            f"{where}: {path} has outer (batch) dimension {shape[0]}; it must equal "
+            f"the buffer's batch_size ({batch_size}), one row per segment."
+        )
+
+
+def check_same_outer(where: str, paths: Sequence[str], shapes: Sequence[Sequence]) -> None:
+    """All leaves of one batch must share the outer dimension."""
+    known = {(p, s[0]) for p, s in zip(paths, shapes) if s[0] is not None}
+    if len({n for _, n in known}) > 1:
+        listing = ", ".join(f"{p}: {n}" for p, n in sorted(known))
+        raise ValueError(f"{where}: leaves have different batch sizes ({listing}); they must agree.")
+
+
+def to_numpy_leaf(where: str, path: str, value: Any, spec: tf.TensorSpec) -> np.ndarray:
+    """Converts one item leaf to NumPy without silent casts.
+
+    Arrays and tensors keep their dtype (checked later); plain Python numbers
+    and lists take the spec's dtype only when that conversion is exact.
+    """
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        return value.numpy()
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        return np.asarray(value)
+    want = spec.dtype.as_numpy_dtype
+    raw = np.asarray(value)
+    try:
+        with np.errstate(all="ignore"):
+            cast = raw.astype(want)
+    except (TypeError, ValueError):
+        cast = None
+    if cast is None or cast.shape != raw.shape or not np.array_equal(cast, raw):
+        raise TypeError(
+            f"{where}: {path} ({raw.dtype.name} values) cannot be stored exactly as "
+            f"{spec.dtype.name}; pass an array of dtype {spec.dtype.name}."
+        )
+    return cast
+
+
+def validate_numpy_batch(
+    where: str,
+    data_spec: Nest,
+    paths: Sequence[str],
+    items: Nest,
+    batch_size: int | None,
+) -> list[np.ndarray]:
+    """Validates a batch for a NumPy buffer; returns its leaves as arrays."""
+    specs = tf.nest.flatten(data_spec)
+    values = flatten_items(where, data_spec, items)
+    arrays = [to_numpy_leaf(where, p, v, s) for p, v, s in zip(paths, values, specs)]
+    for path, array, spec in zip(paths, arrays, specs):
+        check_leaf(where, path, tf.as_dtype(array.dtype), array.shape, spec, batch_size)
+    check_same_outer(where, paths, [a.shape for a in arrays])
+    return arrays
+
+
+def validate_tensor_batch(
+    where: str,
+    data_spec: Nest,
+    paths: Sequence[str],
+    items: Nest,
+    batch_size: int,
+) -> tuple[list[tf.Tensor], list[tf.Operation]]:
+    """Validates a batch for a TF buffer.
+
+    Returns the leaves as tensors and the runtime assertions (for dimensions
+    that are only known when a graph runs); writes must depend on them.
+    """
+    specs = tf.nest.flatten(data_spec)
+    values = flatten_items(where, data_spec, items)
+    tensors = []
+    for path, value, spec in zip(paths, values, specs):
+        if not isinstance(value, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):
+            value = to_numpy_leaf(where, path, value, spec)
+        elif isinstance(value, (np.ndarray, np.generic)):
+            check_leaf(where, path, tf.as_dtype(value.dtype), np.shape(value), spec, batch_size)
+        tensors.append(tf.convert_to_tensor(value))
+    shapes = [tuple(t.shape.as_list()) if t.shape.rank is not None else () for t in tensors]
+    for path, tensor, shape, spec in zip(paths, tensors, shapes, specs):
+        if tensor.shape.rank is None:
+            raise ValueError(f"{where}: {path} has unknown rank; its rank must be known.")
+        check_leaf(where, path, tensor.dtype, shape, spec, batch_size)
+    check_same_outer(where, paths, shapes)
+    asserts = []
+    for path, tensor, shape, spec in zip(paths, tensors, shapes, specs):
+        if None in shape:
+            expected = [batch_size] + spec.shape.as_list()
+            asserts.append(
+                tf.debugging.assert_equal(
+                    tf.shape(tensor, out_type=tf.int64),
+                    tf.constant(expected, tf.int64),
+                    message=f"{where}: {path} must have shape {expected} "
+                    "([batch_size] + the spec's shape).",
+                )
+            )
+    return tensors, asserts
