@@ -20,6 +20,7 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check tfreplay tests benchmarks examples
+	$(PY) -m mypy tfreplay
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q tests

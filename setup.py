@@ -8,6 +8,7 @@ TEST = [
     "hypothesis>=6.80",
     "scipy>=1.10",
     "ruff>=0.4",
+    "mypy>=1.5",
     "nbclient>=0.9",
     "nbformat>=5.9",
     "ipykernel>=6.20",
@@ -31,7 +32,7 @@ setup(
     extras_require={
         "test": TEST,
         "examples": EXAMPLES,
-        "dev": TEST + ["mypy>=1.5"],
+        "dev": TEST + ["pytest-benchmark", "pyinstrument"],
     },
     classifiers=[
         "Programming Language :: Python :: 3",

@@ -3,6 +3,7 @@
 The public API; everything else is an implementation detail.
 """
 
+from tfreplay.experience_replay import ExperienceReplay
 from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
 from tfreplay.uniform import PyUniformReplayBuffer, TFUniformReplayBuffer
 
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BufferInfo",
+    "ExperienceReplay",
     "PyUniformReplayBuffer",
     "ReplayBuffer",
     "TFUniformReplayBuffer",

@@ -141,7 +141,8 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
                 num_parallel_calls=num_parallel_calls,
             )
         if sequence_preprocess_fn is not None:
-            ds = ds.map(lambda items, info: (sequence_preprocess_fn(items), info), num_parallel_calls=num_parallel_calls)
+            fn = sequence_preprocess_fn
+            ds = ds.map(lambda items, info: (fn(items), info), num_parallel_calls=num_parallel_calls)
         if self._stateful_dataset:
             options = tf.data.Options()
             options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE

@@ -8,6 +8,7 @@ nest (`observation/pixels`), so a user sees which field is wrong.
 from __future__ import annotations
 
 import collections.abc
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -142,7 +143,8 @@ def to_numpy_leaf(where: str, path: str, value: Any, spec: tf.TensorSpec) -> np.
     want = spec.dtype.as_numpy_dtype
     raw = np.asarray(value)
     try:
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. ComplexWarning: lossy casts are rejected below
             cast = raw.astype(want)
     except (TypeError, ValueError):
         cast = None

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from tfreplay import ring, specs
 from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
-from tfreplay.storage import NumpyStorage, TFStorage
 from tfreplay.specs import Nest
+from tfreplay.storage import NumpyStorage, TFStorage
 
 try:  # XLA has no mutex op: inside jit_compile the critical section is skipped.
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
@@ -284,7 +284,7 @@ class TFUniformReplayBuffer(_RingBuffer):
 class _NumpyCheckpointState(tf.train.experimental.PythonState):
     """Lets `tf.train.Checkpoint` save a NumPy buffer's rows, counter and RNG."""
 
-    def __init__(self, buffer: "PyUniformReplayBuffer"):
+    def __init__(self, buffer: PyUniformReplayBuffer):
         self._buffer = buffer
 
     def serialize(self) -> bytes:
