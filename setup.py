@@ -6,6 +6,7 @@ EXAMPLES = ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
 TEST = [
     "pytest>=7",
     "hypothesis>=6.80",
+    "attrs>=22",
     "scipy>=1.10",
     "ruff>=0.4",
     "mypy>=1.5",

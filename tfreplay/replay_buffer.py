@@ -47,7 +47,9 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
 
     def __init__(self, data_spec: Nest, capacity: int, stateful_dataset: bool = False, name: str | None = None):
         super().__init__(name=name)
-        self._data_spec = specs.normalize_spec(data_spec)
+        # Not tracked by tf.Module (specs hold no state): tracking would wrap dicts
+        # in DictWrapper, and every item packed from the spec would come back wrapped.
+        object.__setattr__(self, "_data_spec", specs.normalize_spec(data_spec))
         self._leaf_paths = specs.leaf_paths(self._data_spec)
         specs.check_positive_int(type(self).__name__, "capacity", capacity)
         self._capacity = int(capacity)

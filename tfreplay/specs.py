@@ -17,14 +17,18 @@ import tensorflow as tf
 Nest = Any
 
 
-def leaf_paths(structure: Nest) -> list[str]:
-    """Returns one `a/b/0`-style path per leaf, in `tf.nest.flatten` order."""
+def leaf_paths(structure: Nest, field_names: bool = True) -> list[str]:
+    """Returns one `a/b/0`-style path per leaf, in `tf.nest.flatten` order.
+
+    With `field_names=False` a namedtuple's fields are named by index, as a
+    plain tuple's are (so the two compare equal).
+    """
     paths: list[str] = []
 
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, collections.abc.Mapping):
             children = [(str(k), node[k]) for k in sorted(node)]
-        elif isinstance(node, tuple) and hasattr(node, "_fields"):
+        elif field_names and isinstance(node, tuple) and hasattr(node, "_fields"):
             children = [(f, getattr(node, f)) for f in node._fields]
         elif isinstance(node, (list, tuple)):
             children = [(str(i), v) for i, v in enumerate(node)]
@@ -78,14 +82,30 @@ def check_positive_int(where: str, name: str, value: Any, allow_none: bool = Fal
 
 
 def flatten_items(where: str, data_spec: Nest, items: Nest) -> list[Any]:
-    """Flattens `items` against the spec's structure, or raises `TypeError`."""
+    """Flattens `items` against the spec's structure, or raises `TypeError`.
+
+    Sequence types may differ (a list or tuple for a namedtuple), but every
+    dict key must match: tf.nest alone, without type checks, would pair leaves
+    of different keys by position and store a field under another's name.
+    """
+    try:
+        tf.nest.assert_same_structure(data_spec, items)  # same types and keys: the common, fast case
+        return tf.nest.flatten(items)
+    except (ValueError, TypeError):
+        pass
     try:
         tf.nest.assert_same_structure(data_spec, items, check_types=False)
+        reason = None if leaf_paths(data_spec, False) == leaf_paths(items, False) else "keys differ"
     except (ValueError, TypeError) as err:
+        reason = str(err)
+    if reason is not None:
+        want, got = leaf_paths(data_spec), leaf_paths(items)
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        detail = f"missing {missing}, unexpected {extra}" if missing or extra else reason
         raise TypeError(
-            f"{where}: items must have the structure of data_spec "
-            f"{tf.nest.map_structure(lambda s: s.dtype.name, data_spec)}; {err}"
-        ) from None
+            f"{where}: items ({detail}) must have the structure of data_spec "
+            f"{tf.nest.map_structure(lambda s: s.dtype.name, data_spec)}."
+        )
     return tf.nest.flatten(items)
 
 
@@ -137,6 +157,11 @@ def to_numpy_leaf(where: str, path: str, value: Any, spec: tf.TensorSpec) -> np.
     and lists take the spec's dtype only when that conversion is exact.
     """
     if isinstance(value, (tf.Tensor, tf.Variable)):
+        if not tf.executing_eagerly():
+            raise TypeError(
+                f"{where}: {path} is a graph tensor; a NumPy buffer stores values, so call it eagerly "
+                "(inside tf.function, use TFUniformReplayBuffer)."
+            )
         return value.numpy()
     if isinstance(value, np.ndarray) or isinstance(value, np.generic):
         return np.asarray(value)
@@ -201,15 +226,26 @@ def validate_tensor_batch(
         check_leaf(where, path, tensor.dtype, shape, spec, batch_size)
     check_same_outer(where, paths, shapes)
     asserts = []
-    for path, tensor, shape, spec in zip(paths, tensors, shapes, specs):
+    for i, (path, shape, spec) in enumerate(zip(paths, shapes, specs)):
         if None in shape:
-            expected = [batch_size] + spec.shape.as_list()
-            asserts.append(
-                tf.debugging.assert_equal(
-                    tf.shape(tensor, out_type=tf.int64),
-                    tf.constant(expected, tf.int64),
-                    message=f"{where}: {path} must have shape {expected} "
-                    "([batch_size] + the spec's shape).",
-                )
-            )
+            tensors[i], check = _checked_at_runtime(where, path, tensors[i], [batch_size] + spec.shape.as_list())
+            asserts.append(check)
     return tensors, asserts
+
+
+def _checked_at_runtime(where: str, path: str, tensor: tf.Tensor, expected: list[int]) -> tuple[tf.Tensor, Any]:
+    """An assertion that `tensor` has shape `expected`, and the tensor to write.
+
+    The write gets a slice of exactly `expected` shape rather than `tensor`
+    itself: a scatter consuming `tensor` would let Grappler infer its shape
+    *from the scatter* and constant-fold this assertion to true, and the
+    scatter of a well-shaped leaf would then run while another leaf fails,
+    tearing the item.
+    """
+    check = tf.debugging.assert_equal(
+        tf.shape(tensor, out_type=tf.int64),
+        tf.constant(expected, tf.int64),
+        message=f"{where}: {path} must have shape {expected} ([batch_size] + the spec's shape).",
+    )
+    with tf.control_dependencies([check]):  # so the assertion, not the slice, reports a bad shape
+        return tf.slice(tensor, [0] * len(expected), expected), check

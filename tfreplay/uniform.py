@@ -343,16 +343,24 @@ class PyUniformReplayBuffer(_RingBuffer):
 
     @staticmethod
     def _layout(capacity: Any, batch_size: Any, max_length: Any) -> tuple[Any, Any]:
+        """`(segments, max_length)` from either construction; a conflicting mix is an error."""
         where = "PyUniformReplayBuffer"
         if batch_size is None:
             if capacity is None:
                 raise ValueError(f"{where}: capacity (None) must be given, or batch_size and max_length.")
+            specs.check_positive_int(where, "capacity", capacity)
+            if max_length is not None:
+                raise ValueError(f"{where}: max_length ({max_length}) must come with batch_size; "
+                                 "with capacity alone the buffer is one ring of capacity rows.")
             return 1, capacity
         specs.check_positive_int(where, "batch_size", batch_size)
-        if max_length is None and capacity is not None:
+        if capacity is not None:
             specs.check_positive_int(where, "capacity", capacity)
             if capacity % batch_size:
                 raise ValueError(f"{where}: capacity ({capacity}) must be a multiple of batch_size ({batch_size}).")
+            if max_length is not None and capacity != batch_size * max_length:
+                raise ValueError(f"{where}: capacity ({capacity}) must equal batch_size ({batch_size}) * "
+                                 f"max_length ({max_length}), or be left out.")
             return batch_size, capacity // batch_size
         return batch_size, 1000 if max_length is None else max_length
 
@@ -394,7 +402,7 @@ class PyUniformReplayBuffer(_RingBuffer):
         for tensor, spec in zip(out, tf.nest.flatten(self._data_spec)):
             tensor.set_shape(outer + spec.shape.as_list())
         out[-2].set_shape(outer)
-        out[-1].set_shape(outer[:1])
+        out[-1].set_shape([] if sample_batch_size is None else [sample_batch_size])  # one per window
         return tf.nest.pack_sequence_as(self._data_spec, out[:-2]), BufferInfo(ids=out[-2], probabilities=out[-1])
 
     def _numpy_call(self, fn: Callable, inputs: list, extra: list) -> list:
