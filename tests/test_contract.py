@@ -644,3 +644,30 @@ def test_add_batch_and_get_next_compile_with_xla_and_match_eager():
     items, info = to_numpy(sample())
     np.testing.assert_array_equal(decode(items), info.ids)
     check_windows(info.ids, 2, 3, 5)
+
+
+def test_xla_sampling_of_an_empty_buffer_is_marked_by_zero_probability():
+    """XLA drops assertions, so no error can be raised; the sample says it is empty."""
+    rb = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=4, seed=0)
+    sample = tf.function(lambda: rb.get_next(3, num_steps=2), jit_compile=True)
+    _, info = sample()
+    np.testing.assert_array_equal(info.probabilities.numpy(), np.zeros(3, np.float32))
+    rb.add_batch(make_items([0, 1]))
+    rb.add_batch(make_items([2, 3]))
+    _, info = sample()
+    np.testing.assert_allclose(info.probabilities.numpy(), np.full(3, 0.5, np.float32))
+
+
+def test_seedless_buffers_under_a_global_seed_are_reproducible_and_distinct():
+    def draws():
+        tf.random.set_seed(11)
+        buffers = [TFUniformReplayBuffer(SPEC, batch_size=1, max_length=64) for _ in range(2)]
+        for rb in buffers:
+            for i in range(64):
+                rb.add_batch(make_items([i]))
+        return [rb.get_next(32)[1].ids.numpy() for rb in buffers]
+
+    first, second = draws(), draws()
+    np.testing.assert_array_equal(first[0], second[0])
+    np.testing.assert_array_equal(first[1], second[1])
+    assert not np.array_equal(first[0], first[1])

@@ -31,7 +31,7 @@ TF_OPS = types.SimpleNamespace(
     maximum=tf.maximum,
     arange=lambda n: tf.range(n, dtype=tf.int64),
     unstack=lambda x, axis: tuple(tf.unstack(x, axis=axis)),
-    probability=lambda shape, total: tf.fill(shape, 1.0 / tf.cast(total, tf.float32)),
+    probability=lambda shape, total: tf.fill(shape, tf.math.divide_no_nan(1.0, tf.cast(total, tf.float32))),
 )
 
 
@@ -64,7 +64,9 @@ def windows_from_draws(
     Returns `(rows, ids)`, shaped like `draws` plus a trailing time axis of
     `num_steps` (none when `num_steps is None`).
     """
-    count = num_windows(num_adds, max_length, num_steps or 1, ops)
+    # Callers refuse an empty buffer first; XLA cannot, so a count of 0 maps
+    # every draw to a defined row (and the sample's probability is 0).
+    count = ops.maximum(num_windows(num_adds, max_length, num_steps or 1, ops), 1)
     min_id, _ = live_range(num_adds, max_length, ops)
     segment = draws // count
     local = min_id + draws % count

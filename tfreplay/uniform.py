@@ -168,8 +168,10 @@ class TFUniformReplayBuffer(_RingBuffer):
     its batch to segment `b`, overwriting the oldest when full. Reads and
     writes run in one `tf.CriticalSection`, so concurrent writers and samplers
     never see a torn item (XLA has no mutex: under `jit_compile` the caller
-    must not race). Checkpoint it with `tf.train.Checkpoint(buffer=rb)`: the
-    rows, the ring counter and the random generator are all variables.
+    must not race). XLA cannot raise either: there, sampling an empty buffer
+    returns defined rows with `probabilities` 0 instead of an error.
+    Checkpoint it with `tf.train.Checkpoint(buffer=rb)`: the rows, the ring
+    counter and the random generator are all variables.
 
     Args:
       data_spec: a nest of `tf.TensorSpec`.
@@ -180,7 +182,8 @@ class TFUniformReplayBuffer(_RingBuffer):
       dataset_drop_remainder: drop incomplete batches/windows in the single pass.
       dataset_window_shift: window shift in the single pass (default: num_steps).
       stateful_dataset: mark datasets as carrying external state.
-      seed: seed of the sampling generator; default TF's global seed if set.
+      seed: seed of the sampling generator; default TF's global seed if set
+        (`tf.random.set_seed`), else nondeterministic.
     """
 
     _ops = ring.TF_OPS
@@ -188,13 +191,14 @@ class TFUniformReplayBuffer(_RingBuffer):
     def __init__(self, data_spec: Nest, batch_size: int, max_length: int = 1000,
                  scope: str = "TFUniformReplayBuffer", device: str = "cpu:*",
                  dataset_drop_remainder: bool = False, dataset_window_shift: int | None = None,
-                 stateful_dataset: bool = False, seed: int | None = None):
+                 stateful_dataset: bool = False, seed: int | list[int] | None = None):
         super().__init__(data_spec, batch_size, max_length, window_shift=dataset_window_shift,
                          drop_remainder=dataset_drop_remainder, stateful_dataset=stateful_dataset, name=scope)
         self._device = device
         self._scope = scope
-        if seed is None:
-            seed = tf.compat.v1.get_seed(None)[0]
+        if seed is None:  # TF's global seed, with an op seed so two buffers draw apart
+            global_seed, op_seed = tf.compat.v1.get_seed(None)
+            seed = None if global_seed is None else [global_seed, op_seed]
         with tf.device(device), tf.name_scope(scope):
             self._storage = TFStorage(self._data_spec, self._capacity, self._leaf_paths)
             self._num_adds = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_adds")
@@ -267,7 +271,7 @@ class TFUniformReplayBuffer(_RingBuffer):
     def _draw(self, shape: list, total: tf.Tensor, num_steps: int | None) -> tf.Tensor:
         check = tf.debugging.assert_positive(total, message=empty_message("get_next", num_steps))
         with tf.control_dependencies([check]):
-            return self._rng.uniform(shape, minval=0, maxval=total, dtype=tf.int64)
+            return self._rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
 
     def _gather(self, rows: tf.Tensor) -> list:
         return self._storage.gather(rows)
