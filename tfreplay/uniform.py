@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfreplay import ring, specs
 from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
 from tfreplay.specs import Nest
-from tfreplay.storage import NumpyStorage, TFStorage
+from tfreplay.storage import NumpyCheckpointState, NumpyStorage, TFStorage
 
 try:  # XLA has no mutex op: inside jit_compile the critical section is skipped.
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
@@ -285,36 +285,28 @@ class TFUniformReplayBuffer(_RingBuffer):
         return self._lock.execute(fn)
 
 
-class _NumpyCheckpointState(tf.train.experimental.PythonState):
-    """Lets `tf.train.Checkpoint` save a NumPy buffer's rows, counter and RNG."""
+def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) -> tuple[Any, Any]:
+    """`(segments, max_length)` of a NumPy buffer built as `(spec, capacity)` (one ring)
+    or `(spec, batch_size=B, max_length=L)`; a conflicting mix is an error."""
+    if batch_size is None:
+        if capacity is None:
+            raise ValueError(f"{where}: capacity (None) must be given, or batch_size and max_length.")
+        specs.check_positive_int(where, "capacity", capacity)
+        if max_length is not None:
+            raise ValueError(f"{where}: max_length ({max_length}) must come with batch_size; "
+                             "with capacity alone the buffer is one ring of capacity rows.")
+        return 1, capacity
+    specs.check_positive_int(where, "batch_size", batch_size)
+    if capacity is not None:
+        specs.check_positive_int(where, "capacity", capacity)
+        if capacity % batch_size:
+            raise ValueError(f"{where}: capacity ({capacity}) must be a multiple of batch_size ({batch_size}).")
+        if max_length is not None and capacity != batch_size * max_length:
+            raise ValueError(f"{where}: capacity ({capacity}) must equal batch_size ({batch_size}) * "
+                             f"max_length ({max_length}), or be left out.")
+        return batch_size, capacity // batch_size
+    return batch_size, 1000 if max_length is None else max_length
 
-    def __init__(self, buffer: PyUniformReplayBuffer):
-        self._buffer = buffer
-
-    def serialize(self) -> bytes:
-        import io
-        import pickle
-
-        rb = self._buffer
-        with rb._lock:
-            out = io.BytesIO()
-            np.savez(out, *rb._storage.arrays)
-            state = {"num_adds": rb._num_adds, "rng": rb._rng.bit_generator.state, "arrays": out.getvalue()}
-        return pickle.dumps(state)
-
-    def deserialize(self, string_value: bytes) -> None:
-        import io
-        import pickle
-
-        state = pickle.loads(string_value)
-        rb = self._buffer
-        with np.load(io.BytesIO(state["arrays"])) as data:
-            arrays = [data[f"arr_{i}"] for i in range(len(rb._storage.arrays))]
-        with rb._lock:
-            for dst, src in zip(rb._storage.arrays, arrays):
-                dst[...] = src
-            rb._num_adds = int(state["num_adds"])
-            rb._rng.bit_generator.state = state["rng"]
 
 
 class PyUniformReplayBuffer(_RingBuffer):
@@ -335,7 +327,7 @@ class PyUniformReplayBuffer(_RingBuffer):
                  max_length: int | None = None, seed: int | None = None,
                  dataset_drop_remainder: bool = False, dataset_window_shift: int | None = None,
                  stateful_dataset: bool = False, name: str = "PyUniformReplayBuffer"):
-        segments, length = self._layout(capacity, batch_size, max_length)
+        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(data_spec, segments, length, window_shift=dataset_window_shift,
                          drop_remainder=dataset_drop_remainder, stateful_dataset=stateful_dataset, name=name)
         self._rows_per_add = None if batch_size is None else batch_size
@@ -343,30 +335,10 @@ class PyUniformReplayBuffer(_RingBuffer):
         self._num_adds = 0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
-        self._checkpoint_state = _NumpyCheckpointState(self)
-
-    @staticmethod
-    def _layout(capacity: Any, batch_size: Any, max_length: Any) -> tuple[Any, Any]:
-        """`(segments, max_length)` from either construction; a conflicting mix is an error."""
-        where = "PyUniformReplayBuffer"
-        if batch_size is None:
-            if capacity is None:
-                raise ValueError(f"{where}: capacity (None) must be given, or batch_size and max_length.")
-            specs.check_positive_int(where, "capacity", capacity)
-            if max_length is not None:
-                raise ValueError(f"{where}: max_length ({max_length}) must come with batch_size; "
-                                 "with capacity alone the buffer is one ring of capacity rows.")
-            return 1, capacity
-        specs.check_positive_int(where, "batch_size", batch_size)
-        if capacity is not None:
-            specs.check_positive_int(where, "capacity", capacity)
-            if capacity % batch_size:
-                raise ValueError(f"{where}: capacity ({capacity}) must be a multiple of batch_size ({batch_size}).")
-            if max_length is not None and capacity != batch_size * max_length:
-                raise ValueError(f"{where}: capacity ({capacity}) must equal batch_size ({batch_size}) * "
-                                 f"max_length ({max_length}), or be left out.")
-            return batch_size, capacity // batch_size
-        return batch_size, 1000 if max_length is None else max_length
+        self._checkpoint_state = NumpyCheckpointState(
+            self._lock, lambda: self._storage.arrays, self._rng,
+            lambda: {"num_adds": self._num_adds}, lambda d: setattr(self, "_num_adds", int(d["num_adds"])),
+        )
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,439 @@
+"""Frame replay against a naive reference that stores every full stack.
+
+Each frame encodes its segment and local id, so a stack can be checked by
+value. The reference stacks frames from the whole stream (not from a ring)
+and decides which transitions may be drawn from the frames they show, not
+from `pos`: the buffers must return exactly its stacks for the ids they draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+import tensorflow as tf
+
+from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec
+
+FRAME = (2, 3)
+EXTRAS = ("action", "reward", "terminated", "truncated")
+TWINS = ["tf", "py"]
+
+
+def frame_of(segment: int, local: np.ndarray) -> np.ndarray:
+    """Frames that are never all zero and tell their segment and id."""
+    local = np.asarray(local)
+    out = np.zeros(local.shape + FRAME, np.uint8)
+    out[..., 0, 0] = segment + 1
+    out[..., 0, 1] = local % 256
+    out[..., 0, 2] = local // 256
+    out[..., 1, :] = ((local[..., None] * 7 + segment * 13 + np.arange(3)) % 250 + 1).astype(np.uint8)
+    return out
+
+
+def make_stream(rng: np.random.Generator, segment: int, length: int, max_episode: int = 6) -> dict:
+    """Rows of one environment: a first frame, then its steps, episode after episode.
+
+    Episodes end terminated, truncated, or (rarely) with no step at all; the
+    last one may still be running.
+    """
+    first, terminated, truncated = [], [], []
+    while len(first) < length:
+        steps = int(rng.integers(0, max_episode + 1)) if rng.random() < 0.1 else int(rng.integers(1, max_episode + 1))
+        end = rng.choice(["terminated", "truncated"])
+        first.append(True)
+        terminated.append(False)
+        truncated.append(False)
+        for k in range(1, steps + 1):
+            first.append(False)
+            terminated.append(k == steps and end == "terminated")
+            truncated.append(k == steps and end == "truncated")
+    local = np.arange(length)
+    first = np.array(first[:length])
+    return {
+        "frame": frame_of(segment, local),
+        "first": first,
+        "action": np.where(first, 0, rng.integers(0, 6, length)).astype(np.int32),
+        "reward": np.where(first, 0, rng.normal(size=length)).astype(np.float32),
+        "terminated": np.array(terminated[:length]),
+        "truncated": np.array(truncated[:length]),
+    }
+
+
+class Reference:
+    """Stores the full observation and next-observation stack of every transition."""
+
+    def __init__(self, streams: list[dict], max_length: int, history_len: int):
+        self.num_segments, self.history_len = len(streams), history_len
+        self.transitions = {}  # global id -> full transition
+        self.live = {}  # global id -> whether every frame it shows is still stored
+        for s, stream in enumerate(streams):
+            n = len(stream["first"])
+            oldest = max(0, n - max_length)
+            start = 0
+            for t in range(n):
+                if stream["first"][t]:
+                    start = t
+                if t == start or t < oldest:
+                    continue  # an episode's first frame (or the stream's) is no transition
+                shown = [j for j in range(t - history_len, t + 1) if j >= start]
+                gid = t * self.num_segments + s
+                self.live[gid] = min(shown) >= oldest
+                self.transitions[gid] = {
+                    "observation": self._stack(stream, start, t - history_len, t),
+                    "next_observation": self._stack(stream, start, t - history_len + 1, t + 1),
+                    **{k: stream[k][t] for k in EXTRAS},
+                    "_start": start,
+                }
+
+    @staticmethod
+    def _stack(stream: dict, start: int, lo: int, hi: int) -> np.ndarray:
+        frames = [stream["frame"][j] if j >= start else np.zeros(FRAME, np.uint8) for j in range(lo, hi)]
+        return np.stack(frames, axis=-1)
+
+    def valid(self, num_steps: int = 1) -> set:
+        """Global ids of valid window starts: `num_steps` live transitions of one episode."""
+        out = set()
+        for gid in self.transitions:
+            ids = [gid + k * self.num_segments for k in range(num_steps)]
+            if all(self.live.get(i) for i in ids):
+                if len({self.transitions[i]["_start"] for i in ids}) == 1:
+                    out.add(gid)
+        return out
+
+    def check(self, items: dict, ids: np.ndarray) -> None:
+        for key in ("observation", "next_observation") + EXTRAS:
+            got = np.asarray(items[key])
+            want = np.stack([self.transitions[int(i)][key] for i in ids.reshape(-1)]).reshape(got.shape)
+            np.testing.assert_array_equal(got, want, err_msg=key)
+
+
+def make_buffer(twin: str, num_segments: int, max_length: int, history_len: int, seed: int = 0):
+    spec = frame_data_spec(FRAME)
+    if twin == "tf":
+        return TFFrameReplayBuffer(spec, num_segments, max_length, history_len=history_len, seed=seed)
+    return PyFrameReplayBuffer(spec, batch_size=num_segments, max_length=max_length, history_len=history_len, seed=seed)
+
+
+def row(streams: list[dict], i: int) -> dict:
+    return {k: np.stack([s[k][i] for s in streams]) for k in streams[0]}
+
+
+def filled(twin: str, num_segments: int, max_length: int, history_len: int, num_rows: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    streams = [make_stream(rng, s, num_rows) for s in range(num_segments)]
+    rb = make_buffer(twin, num_segments, max_length, history_len, seed)
+    for i in range(num_rows):
+        rb.add_batch(row(streams, i))
+    return rb, Reference(streams, max_length, history_len)
+
+
+# (segments, max_length, history_len, rows): no wrap, wrap, a ring barely longer than a stack.
+SCENARIOS = [(1, 30, 2, 25), (3, 12, 4, 40), (2, 6, 4, 30)]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=["no_wrap", "wrap", "short_ring"])
+def test_samples_equal_the_reference_for_their_ids(twin, scenario):
+    rb, ref = filled(twin, *scenario)
+    seen = []
+    for _ in range(15):
+        items, info = rb.get_next(sample_batch_size=64)
+        ids = np.asarray(info.ids)
+        ref.check(items, ids)
+        seen.extend(ids.tolist())
+    valid = ref.valid()
+    assert set(seen) == valid  # every valid transition drawn; nothing else
+    np.testing.assert_allclose(np.asarray(info.probabilities), np.full(64, 1 / len(valid)), rtol=1e-6)
+    assert int(rb.num_transitions()) == len(valid)
+    assert int(rb.num_frames()) == scenario[0] * min(scenario[1], scenario[3])
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("num_steps", [2, 3])
+def test_windows_are_consecutive_steps_of_one_episode(twin, num_steps):
+    rb, ref = filled(twin, 3, 12, 4, 40)
+    items, info = rb.get_next(sample_batch_size=200, num_steps=num_steps)
+    ids = np.asarray(info.ids)
+    assert ids.shape == (200, num_steps)
+    np.testing.assert_array_equal(np.diff(ids, axis=1), 3)  # one segment, consecutive
+    ref.check(items, ids)
+    assert set(ids[:, 0].tolist()) == ref.valid(num_steps)
+    steps, step_info = rb.get_next(sample_batch_size=5, num_steps=num_steps, time_stacked=False)
+    assert isinstance(steps, tuple) and len(steps) == num_steps
+    for k, step in enumerate(steps):
+        ref.check(step, np.asarray(step_info.ids[k]))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_gather_all_and_single_pass_list_every_valid_transition_in_order(twin):
+    rb, ref = filled(twin, 3, 12, 4, 40)
+    order = sorted(ref.valid(), key=lambda gid: (gid % 3, gid // 3))  # segment by segment, oldest first
+    everything = rb.gather_all()
+    ref.check(everything, np.array(order))
+    ids = [np.asarray(info.ids) for _, info in rb.as_dataset(sample_batch_size=7, single_deterministic_pass=True)]
+    assert np.concatenate(ids).tolist() == order
+    one = [int(info.ids) for _, info in rb.as_dataset(single_deterministic_pass=True)]
+    assert one == order
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_dataset_samples_equal_the_reference(twin):
+    rb, ref = filled(twin, 3, 12, 4, 40)
+    for items, info in rb.as_dataset(sample_batch_size=16, num_steps=2).take(3):
+        ref.check(items, info.ids.numpy())
+    items, info = next(iter(rb.as_dataset()))
+    ref.check(items, info.ids.numpy())
+
+
+def test_get_next_inside_tf_function_matches_the_reference():
+    rb, ref = filled("tf", 3, 12, 4, 40)
+    items, info = tf.function(lambda: rb.get_next(sample_batch_size=64))()
+    ref.check(items, info.ids.numpy())
+
+
+def test_add_batch_inside_tf_function():
+    rng = np.random.default_rng(3)
+    streams = [make_stream(rng, s, 20) for s in range(2)]
+    rb = make_buffer("tf", 2, 10, 3)
+    add = tf.function(rb.add_batch)
+    for i in range(20):
+        add(tf.nest.map_structure(tf.constant, row(streams, i)))
+    ref = Reference(streams, 10, 3)
+    items, info = rb.get_next(sample_batch_size=100)
+    ref.check(items, info.ids.numpy())
+
+
+def test_truncated_episode_keeps_its_final_frame_and_the_next_episode_starts_with_zeros():
+    spec = frame_data_spec(FRAME)
+    rb = PyFrameReplayBuffer(spec, 20, history_len=4)
+    first = np.array([True, False, False, True, False])
+    truncated = np.array([False, False, True, False, False])
+    rb.add_sequence(
+        {
+            "frame": frame_of(0, np.arange(5)),
+            "first": first,
+            "action": np.arange(5, dtype=np.int32),
+            "reward": np.zeros(5, np.float32),
+            "terminated": np.zeros(5, bool),
+            "truncated": truncated,
+        }
+    )
+    everything = rb.gather_all()  # transitions at rows 1, 2 and 4
+    np.testing.assert_array_equal(everything["truncated"], [False, True, False])
+    final = everything["next_observation"][1]  # the truncated step's next stack ends with its final frame
+    np.testing.assert_array_equal(np.moveaxis(final, -1, 0), [np.zeros(FRAME), *frame_of(0, np.arange(3))])
+    after = everything["observation"][2]  # the next episode's first stack: zeros, then its reset frame
+    np.testing.assert_array_equal(np.moveaxis(after, -1, 0), [*np.zeros((3, *FRAME)), frame_of(0, 3)])
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_lone_valid_transition_among_first_frames_is_found(twin):
+    # 60 first frames and one step: the four uniform candidates almost always
+    # miss, so this exercises the exact fallback.
+    first = np.ones(64, bool)
+    first[40] = False
+    stream = {
+        "frame": frame_of(0, np.arange(64)),
+        "first": first,
+        "action": np.arange(64, dtype=np.int32),
+        "reward": np.zeros(64, np.float32),
+        "terminated": np.zeros(64, bool),
+        "truncated": np.zeros(64, bool),
+    }
+    rb = make_buffer(twin, 1, 64, 4)
+    for i in range(64):
+        rb.add_batch({k: v[i : i + 1] for k, v in stream.items()})
+    items, info = rb.get_next(sample_batch_size=50)
+    np.testing.assert_array_equal(np.asarray(info.ids), 40)
+    Reference([stream], 64, 4).check(items, np.asarray(info.ids))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_draws_are_uniform_over_valid_transitions(twin):
+    # Short episodes (a third of the rows are first frames): the candidates
+    # often all miss, so draws mix rejection and the exact fallback.
+    rng = np.random.default_rng(5)
+    streams = [make_stream(rng, s, 45, max_episode=2) for s in range(2)]
+    rb = make_buffer(twin, 2, 40, 3, seed=11)
+    for i in range(45):
+        rb.add_batch(row(streams, i))
+    valid = sorted(Reference(streams, 40, 3).valid())
+    counts = dict.fromkeys(valid, 0)
+    for _ in range(20):
+        for gid in np.asarray(rb.get_next(sample_batch_size=1000)[1].ids).tolist():
+            counts[gid] += 1  # a KeyError would be an invalid draw
+    assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-3
+
+
+def test_segments_advancing_at_their_own_pace():
+    rng = np.random.default_rng(8)
+    lengths = [50, 17, 33]
+    streams = [make_stream(rng, s, n) for s, n in enumerate(lengths)]
+    rb = PyFrameReplayBuffer(frame_data_spec(FRAME), batch_size=3, max_length=20, history_len=4, seed=2)
+    cursors = [0, 0, 0]
+    while cursors != lengths:
+        s = int(rng.integers(3))
+        size = min(int(rng.integers(1, 25)), lengths[s] - cursors[s])
+        rb.add_sequence({k: v[cursors[s] : cursors[s] + size] for k, v in streams[s].items()}, segment=s)
+        cursors[s] += size
+    ref = Reference(streams, 20, 4)
+    items, info = rb.get_next(sample_batch_size=500)
+    ref.check(items, info.ids)
+    assert set(info.ids.tolist()) == ref.valid()
+    assert rb.num_frames() == 20 + 17 + 20
+
+
+def test_one_ring_form_appends_any_number_of_rows():
+    rng = np.random.default_rng(9)
+    stream = make_stream(rng, 0, 70)
+    rb = PyFrameReplayBuffer(frame_data_spec(FRAME), 25, history_len=2, seed=1)
+    rb.add_batch({k: v[:10] for k, v in stream.items()})
+    rb.add_batch({k: v[10:] for k, v in stream.items()})  # longer than the ring: only the newest 25 stay
+    ref = Reference([stream], 25, 2)
+    items, info = rb.get_next(sample_batch_size=300)
+    ref.check(items, info.ids)
+    assert set(info.ids.tolist()) == ref.valid()
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_checkpoint_restores_rows_counters_and_generator(twin, tmp_path):
+    rb, _ = filled(twin, 3, 12, 4, 40)
+    checkpoint = tf.train.Checkpoint(buffer=rb)
+    path = checkpoint.save(str(tmp_path / "ckpt"))
+    before = rb.gather_all()
+    sample = rb.get_next(sample_batch_size=8)
+    rng = np.random.default_rng(1)
+    more = [make_stream(rng, s, 9) for s in range(3)]
+    for i in range(9):
+        rb.add_batch(row(more, i))
+    checkpoint.restore(path)
+    tf.nest.map_structure(np.testing.assert_array_equal, rb.gather_all(), before)
+    tf.nest.map_structure(np.testing.assert_array_equal, rb.get_next(sample_batch_size=8), sample)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_clear_empties_and_the_next_row_starts_an_episode(twin):
+    rb, _ = filled(twin, 2, 12, 4, 30)
+    rb.clear()
+    assert int(rb.num_frames()) == 0 and int(rb.num_transitions()) == 0
+    with pytest.raises(ValueError, match="get_next: the buffer holds no valid transition yet"):
+        rb.get_next(sample_batch_size=2)
+    rng = np.random.default_rng(4)
+    streams = [make_stream(rng, s, 12) for s in range(2)]
+    for stream in streams:
+        stream["first"][0] = False  # mid-episode rows after a clear: the first has no past
+    for i in range(12):
+        rb.add_batch(row(streams, i))
+    items, info = rb.get_next(sample_batch_size=100)
+    Reference(streams, 12, 4).check(items, np.asarray(info.ids))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_empty_or_firsts_only_or_too_short_episodes_cannot_be_sampled(twin):
+    rb = make_buffer(twin, 1, 10, 2)
+    with pytest.raises(ValueError, match="holds no valid transition yet; add steps after each"):
+        rb.get_next()
+    one = {
+        "frame": frame_of(0, np.zeros(1)),
+        "first": np.ones(1, bool),
+        "action": np.zeros(1, np.int32),
+        "reward": np.zeros(1, np.float32),
+        "terminated": np.zeros(1, bool),
+        "truncated": np.zeros(1, bool),
+    }
+    rb.add_batch(one)
+    rb.add_batch(one)
+    with pytest.raises(ValueError, match="no valid transition yet"):
+        rb.get_next(sample_batch_size=3)
+    rb.add_batch({**one, "first": np.zeros(1, bool)})
+    assert np.asarray(rb.get_next()[1].ids) == 2
+    with pytest.raises(ValueError, match="no valid window of 2 transitions of one episode yet"):
+        rb.get_next(sample_batch_size=3, num_steps=2)
+    if twin == "tf":
+        with pytest.raises(tf.errors.InvalidArgumentError, match="no valid window of 2 transitions"):
+            tf.function(lambda: rb.get_next(sample_batch_size=3, num_steps=2))()
+
+
+def bad_rows() -> list:
+    good = row([make_stream(np.random.default_rng(0), s, 1) for s in range(2)], 0)
+    return [
+        (
+            {**good, "frame": np.zeros((2, 3, 2), np.uint8)},
+            ValueError,
+            r"add_batch: frame has shape \(3, 2\); the spec expects \(2, 3\)",
+        ),
+        (
+            {**good, "frame": np.zeros((2, *FRAME), np.float32)},
+            TypeError,
+            "add_batch: frame has dtype float32; the spec expects uint8",
+        ),
+        (
+            {**good, "first": np.zeros(2, np.int32)},
+            TypeError,
+            "add_batch: first has dtype int32; the spec expects bool",
+        ),
+        ({k: v for k, v in good.items() if k != "reward"}, TypeError, r"add_batch: items \(missing \['reward'\]"),
+        (
+            {k: v[:1] for k, v in good.items()},
+            ValueError,
+            r"add_batch: .* has outer \(batch\) dimension 1; it must equal",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("case", range(5))
+def test_a_rejected_batch_names_the_field_and_changes_nothing(twin, case):
+    rb, _ = filled(twin, 2, 8, 2, 11)
+    before = (rb.gather_all(), int(rb.num_frames()), int(rb.num_transitions()))
+    items, error, message = bad_rows()[case]
+    with pytest.raises(error, match=message):
+        rb.add_batch(items)
+    after = (rb.gather_all(), int(rb.num_frames()), int(rb.num_transitions()))
+    tf.nest.map_structure(np.testing.assert_array_equal, after, before)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_bad_construction_and_sampling_arguments(twin):
+    cls = TFFrameReplayBuffer if twin == "tf" else PyFrameReplayBuffer
+    where = cls.__name__
+    spec = frame_data_spec(FRAME)
+
+    def build(data_spec=spec, history_len=4, max_length=10):
+        if twin == "tf":
+            return cls(data_spec, 1, max_length, history_len=history_len)
+        return cls(data_spec, batch_size=1, max_length=max_length, history_len=history_len)
+
+    with pytest.raises(ValueError, match=rf"{where}: history_len \(0\) must be a positive integer"):
+        build(history_len=0)
+    with pytest.raises(ValueError, match=rf"{where}: max_length \(4\) must be greater than history_len \(4\)"):
+        build(max_length=4)
+    with pytest.raises(TypeError, match=rf"{where}: data_spec \(\['first'\]\) must be a mapping with 'frame'"):
+        build({"first": spec["first"]})
+    with pytest.raises(TypeError, match=r"data_spec\['first'\] .* must be a scalar tf.bool spec"):
+        build({**spec, "first": tf.TensorSpec([], tf.int32)})
+    with pytest.raises(ValueError, match="data_spec entry 'observation' must be renamed"):
+        build({**spec, "observation": tf.TensorSpec([], tf.int32)})
+    rb = build()
+    with pytest.raises(ValueError, match=r"get_next: num_steps \(10\) must be at most max_length - 1 \(9\)"):
+        rb.get_next(num_steps=10)
+    with pytest.raises(ValueError, match=r"get_next: sample_batch_size \(0\) must be a positive integer"):
+        rb.get_next(sample_batch_size=0)
+
+
+def test_add_sequence_checks_the_segment():
+    rb = PyFrameReplayBuffer(frame_data_spec(FRAME), batch_size=2, max_length=8, history_len=2)
+    stream = make_stream(np.random.default_rng(0), 0, 3)
+    for bad in (2, -1, 1.0, True):
+        with pytest.raises(ValueError, match=rf"add_sequence: segment \({bad!r}\) must be an integer in \[0, 2\)"):
+            rb.add_sequence(stream, segment=bad)
+    assert rb.num_frames() == 0
+
+
+def test_storage_keeps_each_frame_once():
+    rb = PyFrameReplayBuffer(frame_data_spec((84, 84)), 1000, history_len=4)
+    per_row = rb.nbytes / rb.capacity
+    assert 84 * 84 < per_row < 84 * 84 + 30  # one frame, the step's entries and `pos`
+    stacked = TFFrameReplayBuffer(frame_data_spec((84, 84)), 1, 1000, history_len=4).nbytes / 1000
+    assert stacked == pytest.approx(per_row, rel=1e-3)
