@@ -50,7 +50,7 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
         # Not tracked by tf.Module (specs hold no state): tracking would wrap dicts
         # in DictWrapper, and every item packed from the spec would come back wrapped.
         object.__setattr__(self, "_data_spec", specs.normalize_spec(data_spec))
-        self._leaf_paths = specs.leaf_paths(self._data_spec)
+        object.__setattr__(self, "_leaf_paths", specs.leaf_paths(self._data_spec))
         specs.check_positive_int(type(self).__name__, "capacity", capacity)
         self._capacity = int(capacity)
         self._stateful_dataset = stateful_dataset

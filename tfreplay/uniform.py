@@ -187,6 +187,7 @@ class TFUniformReplayBuffer(_RingBuffer):
     """
 
     _ops = ring.TF_OPS
+    _TF_MODULE_IGNORED_PROPERTIES = frozenset(["_eager_fns"]).union(ReplayBuffer._TF_MODULE_IGNORED_PROPERTIES)
 
     def __init__(self, data_spec: Nest, batch_size: int, max_length: int = 1000,
                  scope: str = "TFUniformReplayBuffer", device: str = "cpu:*",
@@ -205,8 +206,9 @@ class TFUniformReplayBuffer(_RingBuffer):
             self._rng = (tf.random.Generator.from_non_deterministic_state() if seed is None
                          else tf.random.Generator.from_seed(seed))
         self._lock = tf.CriticalSection(name="lock")
-        self._write_fn = tf.function(self._write)
-        self._sample_fn = tf.function(self._sample_tensors)
+        # Eager calls go through concrete functions traced once, on first use:
+        # a polymorphic tf.function re-checks its signature on every call.
+        object.__setattr__(self, "_eager_fns", {})  # untracked: not checkpoint state
 
     @property
     def device(self) -> str:
@@ -225,7 +227,8 @@ class TFUniformReplayBuffer(_RingBuffer):
             "add_batch", self._data_spec, self._leaf_paths, items, self._num_segments
         )
         if tf.executing_eagerly():
-            return self._write_fn(leaves)
+            return self._eager_fn("add", lambda: tf.function(self._write, autograph=False).get_concrete_function(
+                [tf.TensorSpec(x.shape, x.dtype) for x in leaves]))(leaves)
         with tf.control_dependencies(asserts):
             return self._write(leaves)
 
@@ -241,9 +244,15 @@ class TFUniformReplayBuffer(_RingBuffer):
     def _get_next(self, sample_batch_size: int | None, num_steps: int | None,
                   time_stacked: bool) -> tuple[Nest, BufferInfo]:
         if tf.executing_eagerly():
-            if self._windows_now(num_steps) == 0:
-                raise ValueError(empty_message("get_next", num_steps))
-            items, info = self._sample_fn(sample_batch_size, num_steps)
+            key = f"sample/{sample_batch_size}/{num_steps}"
+            fn = self._eager_fn(key, lambda: tf.function(
+                lambda: self._sample_tensors(sample_batch_size, num_steps), autograph=False).get_concrete_function())
+            try:
+                items, info = fn()
+            except tf.errors.InvalidArgumentError as err:  # the graph's emptiness check
+                if empty_message("get_next", num_steps) in err.message:
+                    raise ValueError(empty_message("get_next", num_steps)) from None
+                raise
         else:
             items, info = self._sample_tensors(sample_batch_size, num_steps)
         if num_steps is None or time_stacked:
@@ -251,8 +260,10 @@ class TFUniformReplayBuffer(_RingBuffer):
         return self._package(tf.nest.flatten(items), info.ids, info.probabilities,
                              sample_batch_size is not None, num_steps, time_stacked)
 
-    def _windows_now(self, num_steps: int | None) -> int:
-        return int(ring.num_windows(self._num_adds.numpy(), self._max_length, num_steps or 1, ring.NUMPY_OPS))
+    def _eager_fn(self, key: str, trace: Callable[[], Any]) -> Any:
+        if key not in self._eager_fns:
+            self._eager_fns[key] = trace()
+        return self._eager_fns[key]
 
     def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
         with tf.device(self._device), tf.name_scope(self._scope):
