@@ -19,7 +19,7 @@ $(STAMP): setup.py | $(VENV)/bin/python
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(PY) -m ruff check tfreplay tests benchmarks examples
+	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials
 	$(PY) -m mypy tfreplay
 
 test: $(STAMP) lint

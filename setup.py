@@ -27,7 +27,7 @@ setup(
         "tensorflow>=2.15",
         "tf-keras>=2.15",
         "numpy>=1.23",
-        "gymnasium>=0.29",
+        "gymnasium>=1.0",
         "absl-py>=1.0",
     ],
     extras_require={
