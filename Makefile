@@ -20,6 +20,7 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials
+	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials/build_notebooks.py
 	$(PY) -m mypy tfreplay
 
 test: $(STAMP) lint

@@ -41,9 +41,17 @@ def main(argv: Sequence[str]) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)  # app.run would show TensorFlow's INFO logs
     threshold = gym.spec(FLAGS.env_id).reward_threshold if FLAGS.early_stop else None
-    config = DqnConfig(env_id=FLAGS.env_id, num_env_steps=FLAGS.steps, seed=FLAGS.seed,
-                       buffer_size=FLAGS.buffer_size, num_envs=FLAGS.num_envs, output_dir=FLAGS.output_dir,
-                       resume=FLAGS.resume, progress=FLAGS.progress, stop_at_return=threshold)
+    config = DqnConfig(
+        env_id=FLAGS.env_id,
+        num_env_steps=FLAGS.steps,
+        seed=FLAGS.seed,
+        buffer_size=FLAGS.buffer_size,
+        num_envs=FLAGS.num_envs,
+        output_dir=FLAGS.output_dir,
+        resume=FLAGS.resume,
+        progress=FLAGS.progress,
+        stop_at_return=threshold,
+    )
     result = train_dqn(config)
     returns = ", ".join(f"{r:.0f}" for r in result.eval_returns)
     print(f"Greedy evaluation over {len(result.eval_returns)} episodes: {returns}")
@@ -51,8 +59,10 @@ def main(argv: Sequence[str]) -> None:
     if result.num_env_steps < config.num_env_steps:
         stopped = f" (stopped early: an evaluation reached the reward threshold, {threshold})"
     print(f"Environment steps: {result.num_env_steps}, train steps: {result.num_train_steps}{stopped}")
-    print(f"Wrote {os.path.join(config.output_dir, 'learning_curve.png')}, checkpoints and TensorBoard summaries "
-          f"under {config.output_dir}")
+    print(
+        f"Wrote {os.path.join(config.output_dir, 'learning_curve.png')}, checkpoints and TensorBoard summaries "
+        f"under {config.output_dir}"
+    )
     print(f"{config.env_id}: {result.summary()}")
 
 

@@ -57,8 +57,13 @@ def test_the_loss_is_huber_of_the_double_dqn_td_error():
     agent = DqnAgent(tf.TensorSpec((2,), tf.float32), 2, online, tf_keras.optimizers.SGD(0.0), gamma=0.5)
     agent.target_q_network.set_weights([np.array([[10.0, 20.0], [30.0, 40.0]], np.float32)])
     eye = np.eye(2, dtype=np.float32)
-    items = {"observation": eye, "action": np.array([1, 0]), "reward": np.array([1.0, 2.0], np.float32),
-             "discount": np.array([1.0, 0.0], np.float32), "next_observation": eye[::-1].copy()}
+    items = {
+        "observation": eye,
+        "action": np.array([1, 0]),
+        "reward": np.array([1.0, 2.0], np.float32),
+        "discount": np.array([1.0, 0.0], np.float32),
+        "next_observation": eye[::-1].copy(),
+    }
     # Row 0: s' = e1, online picks argmax [3, 0.5] = 0, target values it 30: y = 1 + 0.5 * 30 = 16; Q(s, 1) = 2.
     # Row 1: terminated, y = 2; Q(s, 0) = 3.
     errors = np.array([16.0 - 2.0, 2.0 - 3.0])
@@ -101,11 +106,19 @@ def test_train_accepts_samples_bare_items_windows_and_numpy():
 
 
 BAD_EXPERIENCE = [
-    ("missing field", {"observation": np.zeros((2, 4), np.float32)}, TypeError,
-     "DqnAgent.train: experience must have a field action"),
+    (
+        "missing field",
+        {"observation": np.zeros((2, 4), np.float32)},
+        TypeError,
+        "DqnAgent.train: experience must have a field action",
+    ),
     ("not a nest of fields", np.zeros((2, 4)), TypeError, "experience must have a field observation"),
-    ("reward of rank 3", Transition(*[np.zeros((2, 1, 1), np.float32)] * 8), ValueError,
-     r"DqnAgent.train: reward has shape \(2, 1, 1\); it must be \[batch\] or \[batch, time\]"),
+    (
+        "reward of rank 3",
+        Transition(*[np.zeros((2, 1, 1), np.float32)] * 8),
+        ValueError,
+        r"DqnAgent.train: reward has shape \(2, 1, 1\); it must be \[batch\] or \[batch, time\]",
+    ),
 ]
 
 

@@ -119,8 +119,9 @@ def test_step_driver_episode_boundaries(kind, num_envs, end, mode, dict_obs):
 def test_episode_driver_stops_after_the_episodes(kind, num_envs, num_episodes):
     env = make_env(kind, num_envs, "terminate")
     batches = []
-    driver = EpisodeDriver(env, RandomPolicy(CountingEnv().action_space, seed=1), [batches.append],
-                           num_episodes=num_episodes)
+    driver = EpisodeDriver(
+        env, RandomPolicy(CountingEnv().action_space, seed=1), [batches.append], num_episodes=num_episodes
+    )
     made = driver.run()
     ends = [int(np.sum(b.terminated)) for b in batches]
     assert made == len(batches) * num_envs
@@ -143,22 +144,25 @@ def test_spec_matches_the_buffer_and_every_transition_is_stored(buffer_cls):
     assert (spec.step_type.dtype, spec.terminated.dtype, spec.truncated.dtype) == (tf.int32, tf.bool, tf.bool)
     rb = buffer_cls(spec, batch_size=3, max_length=10)
     assert tf.nest.map_structure(lambda s: (s.shape, s.dtype), rb.data_spec) == tf.nest.map_structure(
-        lambda s: (s.shape, s.dtype), spec)
+        lambda s: (s.shape, s.dtype), spec
+    )
     batches = []
     driver.add_observer(rb)
     driver.add_observer(batches.append)
     driver.run()
     stored = tf.nest.map_structure(np.asarray, rb.gather_all())
-    np.testing.assert_array_equal(stored.next_observation["where"][:, :, 2],
-                                  np.stack([b.next_observation["where"][:, 2] for b in batches], 1))
+    np.testing.assert_array_equal(
+        stored.next_observation["where"][:, :, 2], np.stack([b.next_observation["where"][:, 2] for b in batches], 1)
+    )
     assert int(rb.num_frames()) == 12
 
 
 def test_observers_get_the_same_batch_once_per_step():
     env = make_env("sync", 4, "terminate")
     calls = {"a": [], "b": []}
-    driver = StepDriver(env, RandomPolicy(CountingEnv().action_space, seed=0),
-                        [calls["a"].append, calls["b"].append], num_steps=10)
+    driver = StepDriver(
+        env, RandomPolicy(CountingEnv().action_space, seed=0), [calls["a"].append, calls["b"].append], num_steps=10
+    )
     driver.run()
     assert len(calls["a"]) == 3 and all(a is b for a, b in zip(calls["a"], calls["b"]))
     assert all(isinstance(t, Transition) and t.reward.shape == (4,) for t in calls["a"])
@@ -171,16 +175,21 @@ def test_observers_get_the_same_batch_once_per_step():
 def batch(rewards, step_types, terminated, truncated=None):
     terminated = np.asarray(terminated, bool)
     truncated = np.zeros_like(terminated) if truncated is None else np.asarray(truncated, bool)
-    return Transition(None, None, np.asarray(rewards, np.float32), None, None,
-                      np.asarray(step_types, np.int32), terminated, truncated)
+    return Transition(
+        None, None, np.asarray(rewards, np.float32), None, None, np.asarray(step_types, np.int32), terminated, truncated
+    )
 
 
 METRIC_CASES = [
     # name, batches, average return, average episode length
     ("nothing finished", [batch([1, 1], [0, 0], [0, 0])], float("nan"), float("nan")),
     ("one env, one episode", [batch([1], [0], [0]), batch([2], [1], [1])], 3.0, 2.0),
-    ("interleaved episodes", [batch([1, 5], [0, 0], [0, 1]), batch([2, 1], [1, 0], [1, 0]),
-                              batch([1, 1], [0, 1], [0, 0], [0, 1])], (3 + 2) / 2, 2.0),  # 5 (1 step) dropped
+    (
+        "interleaved episodes",
+        [batch([1, 5], [0, 0], [0, 1]), batch([2, 1], [1, 0], [1, 0]), batch([1, 1], [0, 1], [0, 0], [0, 1])],
+        (3 + 2) / 2,
+        2.0,
+    ),  # 5 (1 step) dropped
     ("a FIRST restarts the count", [batch([7], [0], [0]), batch([1], [0], [1])], 1.0, 1.0),
     ("only the last 2 episodes", [batch([1], [0], [1]), batch([2], [0], [1]), batch([3], [0], [1])], 2.5, 1.0),
 ]
@@ -230,14 +239,27 @@ def fixed_policy(actions):
 
 
 BAD_POLICIES = [
-    ("wrong dtype", np.zeros(3, np.int32), TypeError, r"StepDriver \(policy output\): action has dtype int32; "
-                                                     r"the spec expects int64"),
+    (
+        "wrong dtype",
+        np.zeros(3, np.int32),
+        TypeError,
+        r"StepDriver \(policy output\): action has dtype int32; "
+        r"the spec expects int64",
+    ),
     ("float actions", np.zeros(3, np.float32), TypeError, "action has dtype float32"),
     ("wrong shape", np.zeros((3, 1), np.int64), ValueError, r"action has shape \(3, 1\); it must be \[batch\] \+ \[\]"),
-    ("wrong batch", np.zeros(2, np.int64), ValueError,
-     r"action has batch dimension 2; it must equal the number of environments \(3\)"),
-    ("a dict", {"a": np.zeros(3, np.int64)}, TypeError,
-     r"StepDriver \(policy output\): items .*must have the structure of data_spec"),
+    (
+        "wrong batch",
+        np.zeros(2, np.int64),
+        ValueError,
+        r"action has batch dimension 2; it must equal the number of environments \(3\)",
+    ),
+    (
+        "a dict",
+        {"a": np.zeros(3, np.int64)},
+        TypeError,
+        r"StepDriver \(policy output\): items .*must have the structure of data_spec",
+    ),
 ]
 
 
@@ -253,10 +275,18 @@ def test_a_bad_policy_fails_at_the_first_step_and_writes_nothing(name, actions, 
 
 
 BAD_ENVS = [
-    ("float64 observations", dict(obs_dtype=np.float64), TypeError,
-     r"StepDriver \(env\): observation has dtype float64; the spec expects float32"),
-    ("longer observations", dict(obs_extra=1), ValueError,
-     r"StepDriver \(env\): observation has shape \(4,\); the spec expects \(3,\)"),
+    (
+        "float64 observations",
+        dict(obs_dtype=np.float64),
+        TypeError,
+        r"StepDriver \(env\): observation has dtype float64; the spec expects float32",
+    ),
+    (
+        "longer observations",
+        dict(obs_extra=1),
+        ValueError,
+        r"StepDriver \(env\): observation has shape \(4,\); the spec expects \(3,\)",
+    ),
 ]
 
 
@@ -274,16 +304,33 @@ def spec_with(**changes):
 
 
 BAD_BUFFERS = [
-    ("observation shape", lambda: TFUniformReplayBuffer(
-        spec_with(observation=tf.TensorSpec((4,), tf.float32), next_observation=tf.TensorSpec((4,), tf.float32)), 2),
-     ValueError, r"StepDriver: TFUniformReplayBuffer.data_spec field observation \(float32\[4\]\) must be "
-                 r"float32\[3\] as in driver.transition_spec"),
-    ("action dtype", lambda: PyUniformReplayBuffer(spec_with(action=tf.TensorSpec((), tf.int32)), 10),
-     TypeError, r"data_spec field action \(int32\[\]\) must be int64\[\]"),
-    ("structure", lambda: TFUniformReplayBuffer({"obs": tf.TensorSpec((3,), tf.float32)}, 2),
-     TypeError, "data_spec must have the structure of driver.transition_spec"),
-    ("batch size", lambda: TFUniformReplayBuffer(spec_with(), 3),
-     ValueError, r"TFUniformReplayBuffer.batch_size \(3\) must equal the number of environments \(2\)"),
+    (
+        "observation shape",
+        lambda: TFUniformReplayBuffer(
+            spec_with(observation=tf.TensorSpec((4,), tf.float32), next_observation=tf.TensorSpec((4,), tf.float32)), 2
+        ),
+        ValueError,
+        r"StepDriver: TFUniformReplayBuffer.data_spec field observation \(float32\[4\]\) must be "
+        r"float32\[3\] as in driver.transition_spec",
+    ),
+    (
+        "action dtype",
+        lambda: PyUniformReplayBuffer(spec_with(action=tf.TensorSpec((), tf.int32)), 10),
+        TypeError,
+        r"data_spec field action \(int32\[\]\) must be int64\[\]",
+    ),
+    (
+        "structure",
+        lambda: TFUniformReplayBuffer({"obs": tf.TensorSpec((3,), tf.float32)}, 2),
+        TypeError,
+        "data_spec must have the structure of driver.transition_spec",
+    ),
+    (
+        "batch size",
+        lambda: TFUniformReplayBuffer(spec_with(), 3),
+        ValueError,
+        r"TFUniformReplayBuffer.batch_size \(3\) must equal the number of environments \(2\)",
+    ),
 ]
 
 
@@ -301,12 +348,24 @@ BAD_ARGUMENTS = [
     ("env", lambda: StepDriver("CartPole-v1", print), TypeError, "StepDriver: env .* must be a gymnasium.Env"),
     ("policy", lambda: StepDriver(counting_env(), None), TypeError, r"StepDriver: policy \(None\) must be callable"),
     ("observer", lambda: StepDriver(counting_env(), print, [3]), TypeError, r"observer \(3\) must be callable"),
-    ("num_steps", lambda: StepDriver(counting_env(), print, num_steps=0), ValueError,
-     r"StepDriver: num_steps \(0\) must be a positive integer"),
-    ("num_episodes", lambda: EpisodeDriver(counting_env(), print, num_episodes=-1), ValueError,
-     r"EpisodeDriver: num_episodes \(-1\) must be a positive integer"),
-    ("async next-step without shared memory", lambda: StepDriver(gym.vector.AsyncVectorEnv(
-        [counting_env] * 2, shared_memory=False), print), ValueError, "must use shared_memory=True or autoreset_mode"),
+    (
+        "num_steps",
+        lambda: StepDriver(counting_env(), print, num_steps=0),
+        ValueError,
+        r"StepDriver: num_steps \(0\) must be a positive integer",
+    ),
+    (
+        "num_episodes",
+        lambda: EpisodeDriver(counting_env(), print, num_episodes=-1),
+        ValueError,
+        r"EpisodeDriver: num_episodes \(-1\) must be a positive integer",
+    ),
+    (
+        "async next-step without shared memory",
+        lambda: StepDriver(gym.vector.AsyncVectorEnv([counting_env] * 2, shared_memory=False), print),
+        ValueError,
+        "must use shared_memory=True or autoreset_mode",
+    ),
 ]
 
 

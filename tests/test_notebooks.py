@@ -14,8 +14,13 @@ NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
 # Values that replace each notebook's `parameters` cell.
 SMALL = {
     "1_replay_buffers.ipynb": {"max_length": 20, "num_adds": 12},
-    "2_collect_and_train.ipynb": {"num_env_steps": 600, "initial_collect_steps": 200, "log_interval": 200,
-                                  "num_eval_episodes": 2, "recipe_env_steps": 400},
+    "2_collect_and_train.ipynb": {
+        "num_env_steps": 600,
+        "initial_collect_steps": 200,
+        "log_interval": 200,
+        "num_eval_episodes": 2,
+        "recipe_env_steps": 400,
+    },
 }
 
 

@@ -65,8 +65,9 @@ def test_dataset_sampling_is_uniform(buffer_cls, num_steps):
     "batch_size, max_length, num_adds, num_steps",
     [(1, 1, 1, None), (3, 8, 5, None), (3, 8, 13, 3), (4, 5, 40, 5), (7, 11, 9, 2)],
 )
-def test_probabilities_are_one_over_batch_size_times_valid_starts(buffer_cls, batch_size, max_length, num_adds,
-                                                                   num_steps):
+def test_probabilities_are_one_over_batch_size_times_valid_starts(
+    buffer_cls, batch_size, max_length, num_adds, num_steps
+):
     api = Api(buffer_cls(SPEC, batch_size=batch_size, max_length=max_length, seed=0), False)
     api.add_steps(num_adds)
     starts = min(num_adds, max_length) - (num_steps or 1) + 1

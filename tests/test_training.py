@@ -13,9 +13,19 @@ from tfreplay import training
 from tfreplay.training import DqnConfig, linear_epsilon, train_dqn
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SMALL = dict(num_env_steps=480, initial_collect_steps=200, num_envs=4, train_steps_per_env_step=0.5,
-             buffer_size=400, batch_size=16, fc_layer_params=(32, 32),
-             num_eval_episodes=3, log_interval=100, checkpoint_interval=10_000, progress=False)
+SMALL = dict(
+    num_env_steps=480,
+    initial_collect_steps=200,
+    num_envs=4,
+    train_steps_per_env_step=0.5,
+    buffer_size=400,
+    batch_size=16,
+    fc_layer_params=(32, 32),
+    num_eval_episodes=3,
+    log_interval=100,
+    checkpoint_interval=10_000,
+    progress=False,
+)
 
 
 def stored(buffer):
@@ -92,8 +102,15 @@ def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_evaluations_keep_the_best_weights_and_can_stop_early():
-    config = DqnConfig(**{**SMALL, "num_env_steps": 2_000, "eval_interval": 100, "num_interval_eval_episodes": 2,
-                          "stop_at_return": 0.0})
+    config = DqnConfig(
+        **{
+            **SMALL,
+            "num_env_steps": 2_000,
+            "eval_interval": 100,
+            "num_interval_eval_episodes": 2,
+            "stop_at_return": 0.0,
+        }
+    )
     result = train_dqn(config)
     assert result.num_env_steps == 200  # the first evaluation, right after initial collection, reaches 0
     assert result.history[-1]["env_steps"] == 200 and result.history[-1]["eval_return"] >= 8

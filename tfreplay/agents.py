@@ -35,8 +35,12 @@ class LossInfo(NamedTuple):
     extra: dict
 
 
-def make_q_network(observation_spec: tf.TensorSpec, num_actions: int,
-                   fc_layer_params: Sequence[int] = (64, 64), seed: int | None = None) -> tf_keras.Model:
+def make_q_network(
+    observation_spec: tf.TensorSpec,
+    num_actions: int,
+    fc_layer_params: Sequence[int] = (64, 64),
+    seed: int | None = None,
+) -> tf_keras.Model:
     """A built MLP from an observation to one Q-value per action.
 
     Args:
@@ -95,11 +99,19 @@ class DqnAgent(tf.Module):
       train_step_counter: an int64 variable to count with; default a new one.
     """
 
-    def __init__(self, observation_spec: tf.TensorSpec, num_actions: int, q_network: tf_keras.Model | None = None,
-                 optimizer: tf_keras.optimizers.Optimizer | None = None, gamma: float = 0.99,
-                 target_update_period: int = 100, target_update_tau: float = 1.0,
-                 gradient_clipping: float | None = None, train_step_counter: tf.Variable | None = None,
-                 name: str = "DqnAgent"):
+    def __init__(
+        self,
+        observation_spec: tf.TensorSpec,
+        num_actions: int,
+        q_network: tf_keras.Model | None = None,
+        optimizer: tf_keras.optimizers.Optimizer | None = None,
+        gamma: float = 0.99,
+        target_update_period: int = 100,
+        target_update_tau: float = 1.0,
+        gradient_clipping: float | None = None,
+        train_step_counter: tf.Variable | None = None,
+        name: str = "DqnAgent",
+    ):
         super().__init__(name=name)
         specs.check_positive_int("DqnAgent", "num_actions", num_actions)
         specs.check_positive_int("DqnAgent", "target_update_period", target_update_period)
@@ -115,8 +127,11 @@ class DqnAgent(tf.Module):
         self.optimizer = optimizer or tf_keras.optimizers.Adam(1e-3)
         if hasattr(self.optimizer, "build"):  # slots exist now, so a checkpoint restores them at once
             self.optimizer.build(self.q_network.trainable_variables)
-        self.train_step_counter = train_step_counter if train_step_counter is not None else tf.Variable(
-            0, dtype=tf.int64, trainable=False, name="train_step_counter")
+        self.train_step_counter = (
+            train_step_counter
+            if train_step_counter is not None
+            else tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step_counter")
+        )
         self._gamma, self._period, self._tau = float(gamma), int(target_update_period), float(target_update_tau)
         self._clip = gradient_clipping
         self._train_fn = tf.function(self._train_step)
@@ -149,8 +164,9 @@ class DqnAgent(tf.Module):
         next_q = tf.gather(self.target_q_network(next_observation, training=False), best, batch_dims=1)
         return tf.stop_gradient(reward + self._gamma * discount * next_q)
 
-    def _train_step(self, observation: Nest, action: tf.Tensor, reward: tf.Tensor, discount: tf.Tensor,
-                    next_observation: Nest) -> LossInfo:
+    def _train_step(
+        self, observation: Nest, action: tf.Tensor, reward: tf.Tensor, discount: tf.Tensor, next_observation: Nest
+    ) -> LossInfo:
         targets = self._td_targets(reward, discount, next_observation)
         variables = self.q_network.trainable_variables
         with tf.GradientTape() as tape:
@@ -170,8 +186,12 @@ class DqnAgent(tf.Module):
 
     def _update_target(self) -> tf.Operation:
         tau = self._tau
-        return tf.group(*[t.assign(tau * s + (1.0 - tau) * t)
-                          for s, t in zip(self.q_network.variables, self.target_q_network.variables)])
+        return tf.group(
+            *[
+                t.assign(tau * s + (1.0 - tau) * t)
+                for s, t in zip(self.q_network.variables, self.target_q_network.variables)
+            ]
+        )
 
     def update_target(self) -> None:
         """Updates the target network now (with `target_update_tau`)."""

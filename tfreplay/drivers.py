@@ -101,13 +101,21 @@ def transition_spec(observation_space: gym.Space, action_space: gym.Space) -> Tr
     observation = space_spec(observation_space)
     scalar = tf.TensorSpec((), tf.float32)
     flag = tf.TensorSpec((), tf.bool)
-    return Transition(observation=observation, action=space_spec(action_space), reward=scalar,
-                      discount=scalar, next_observation=observation,
-                      step_type=tf.TensorSpec((), tf.int32), terminated=flag, truncated=flag)
+    return Transition(
+        observation=observation,
+        action=space_spec(action_space),
+        reward=scalar,
+        discount=scalar,
+        next_observation=observation,
+        step_type=tf.TensorSpec((), tf.int32),
+        terminated=flag,
+        truncated=flag,
+    )
 
 
-def make_vector_env(env_id: str, num_envs: int, *, asynchronous: bool = False,
-                    **env_kwargs: Any) -> gym.vector.VectorEnv:
+def make_vector_env(
+    env_id: str, num_envs: int, *, asynchronous: bool = False, **env_kwargs: Any
+) -> gym.vector.VectorEnv:
     """`gymnasium.make_vec` with same-step autoreset, the mode drivers read fastest.
 
     Args:
@@ -118,8 +126,13 @@ def make_vector_env(env_id: str, num_envs: int, *, asynchronous: bool = False,
     """
     specs.check_positive_int("make_vector_env", "num_envs", num_envs)
     mode = "async" if asynchronous else "sync"
-    return gym.make_vec(env_id, num_envs, vectorization_mode=mode,
-                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}, **env_kwargs)
+    return gym.make_vec(
+        env_id,
+        num_envs,
+        vectorization_mode=mode,
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        **env_kwargs,
+    )
 
 
 def _copy(nest: Nest) -> Nest:
@@ -140,10 +153,14 @@ class _BatchedEnv:
             self.observation_space = env.single_observation_space
             self.action_space = env.single_action_space
             self._mode: AutoresetMode | None = AutoresetMode(
-                env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+                env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+            )
             base = env.unwrapped
-            if (self._mode == AutoresetMode.NEXT_STEP and isinstance(base, gym.vector.AsyncVectorEnv)
-                    and not base.shared_memory):
+            if (
+                self._mode == AutoresetMode.NEXT_STEP
+                and isinstance(base, gym.vector.AsyncVectorEnv)
+                and not base.shared_memory
+            ):
                 # gymnasium's worker then ignores a partial reset and wastes the next step on another reset.
                 raise ValueError(
                     f"{where}: env (AsyncVectorEnv, autoreset_mode=NEXT_STEP, shared_memory=False) must use "
@@ -185,8 +202,13 @@ class _BatchedEnv:
         following = observation
         if terminated or truncated:
             following, _ = self.env.reset()
-        return (tf.nest.map_structure(batch, observation), batch(reward), batch(bool(terminated)),
-                batch(bool(truncated)), tf.nest.map_structure(batch, following))
+        return (
+            tf.nest.map_structure(batch, observation),
+            batch(reward),
+            batch(bool(terminated)),
+            batch(bool(truncated)),
+            tf.nest.map_structure(batch, following),
+        )
 
 
 def _prefixed_paths(field: str, spec: Nest) -> list[str]:
@@ -266,8 +288,9 @@ class _Driver:
                 f"{self._where}: {name}.data_spec must have the structure of driver.transition_spec "
                 f"({', '.join(Transition._fields)}); create the buffer from driver.transition_spec."
             ) from None
-        for path, got, want in zip(specs.leaf_paths(self._spec), tf.nest.flatten(buffer.data_spec),
-                                   tf.nest.flatten(self._spec)):
+        for path, got, want in zip(
+            specs.leaf_paths(self._spec), tf.nest.flatten(buffer.data_spec), tf.nest.flatten(self._spec)
+        ):
             if got.dtype != want.dtype or got.shape != want.shape:
                 error = TypeError if got.dtype != want.dtype else ValueError
                 raise error(
@@ -283,7 +306,7 @@ class _Driver:
     def _validate(self, source: str, field: str, value: Nest) -> Nest:
         where = f"{self._where} ({source})"
         spec_field = "observation" if field == "next_observation" else field
-        paths = [field + p[len(spec_field):] for p in self._paths[spec_field]]
+        paths = [field + p[len(spec_field) :] for p in self._paths[spec_field]]
         spec = getattr(self._spec, spec_field)
         arrays = specs.validate_numpy_batch(where, spec, paths, value, None)
         for path, array in zip(paths, arrays):
@@ -305,10 +328,15 @@ class _Driver:
         following = self._validate("env", "observation", following)
         terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
         transition = Transition(
-            observation=self._observation, action=action, reward=np.asarray(reward, np.float32),
-            discount=np.where(terminated, 0.0, 1.0).astype(np.float32), next_observation=next_obs,
+            observation=self._observation,
+            action=action,
+            reward=np.asarray(reward, np.float32),
+            discount=np.where(terminated, 0.0, 1.0).astype(np.float32),
+            next_observation=next_obs,
             step_type=np.where(self._first, StepType.FIRST, StepType.MID).astype(np.int32),
-            terminated=terminated, truncated=truncated)
+            terminated=terminated,
+            truncated=truncated,
+        )
         done = np.logical_or(terminated, truncated)
         self._observation, self._first = following, done
         self.num_env_steps += self.num_envs
@@ -338,8 +366,9 @@ class StepDriver(_Driver):
         field); observers are not called for that step.
     """
 
-    def __init__(self, env: Any, policy: Policy, observers: Sequence[Observer] = (), num_steps: int = 1,
-                 seed: int | None = None):
+    def __init__(
+        self, env: Any, policy: Policy, observers: Sequence[Observer] = (), num_steps: int = 1, seed: int | None = None
+    ):
         super().__init__(env, policy, observers, seed)
         specs.check_positive_int(self._where, "num_steps", num_steps)
         self.num_steps = num_steps
@@ -364,8 +393,14 @@ class EpisodeDriver(_Driver):
     next `run()`.
     """
 
-    def __init__(self, env: Any, policy: Policy, observers: Sequence[Observer] = (), num_episodes: int = 1,
-                 seed: int | None = None):
+    def __init__(
+        self,
+        env: Any,
+        policy: Policy,
+        observers: Sequence[Observer] = (),
+        num_episodes: int = 1,
+        seed: int | None = None,
+    ):
         super().__init__(env, policy, observers, seed)
         specs.check_positive_int(self._where, "num_episodes", num_episodes)
         self.num_episodes_per_run = num_episodes
@@ -379,4 +414,3 @@ class EpisodeDriver(_Driver):
             self._step()
             made += self.num_envs
         return made
-

@@ -55,8 +55,9 @@ class EpsilonGreedyPolicy:
       seed: seed of the exploration draws.
     """
 
-    def __init__(self, q_network: Any, action_space: gym.spaces.Discrete | int, epsilon: Epsilon = 0.1,
-                 seed: int | None = None):
+    def __init__(
+        self, q_network: Any, action_space: gym.spaces.Discrete | int, epsilon: Epsilon = 0.1, seed: int | None = None
+    ):
         if isinstance(action_space, (int, np.integer)) and not isinstance(action_space, bool):
             action_space = gym.spaces.Discrete(int(action_space))
         if not isinstance(action_space, gym.spaces.Discrete):

@@ -59,8 +59,7 @@ def normalize_spec(data_spec: Nest) -> Nest:
         if not isinstance(leaf, tf.TensorSpec):
             if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
                 raise TypeError(
-                    f"data_spec: {path} ({leaf!r}) must be a tf.TensorSpec "
-                    "or an object with `shape` and `dtype`."
+                    f"data_spec: {path} ({leaf!r}) must be a tf.TensorSpec or an object with `shape` and `dtype`."
                 )
             leaf = tf.TensorSpec(tuple(leaf.shape), tf.as_dtype(leaf.dtype), path)
         if not leaf.shape.is_fully_defined():
@@ -131,10 +130,7 @@ def check_leaf(
             "(an outer batch dimension, then the spec's shape)."
         )
     if any(got is not None and got != want for got, want in zip(shape[1:], inner)):
-        raise ValueError(
-            f"{where}: {path} has shape {shape[1:]}; the spec expects {inner} "
-            "after the batch dimension."
-        )
+        raise ValueError(f"{where}: {path} has shape {shape[1:]}; the spec expects {inner} after the batch dimension.")
     if batch_size is not None and shape[0] is not None and shape[0] != batch_size:
         raise ValueError(
             f"{where}: {path} has outer (batch) dimension {shape[0]}; it must equal "

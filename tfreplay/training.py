@@ -83,9 +83,11 @@ class TrainResult:
     buffer: TFUniformReplayBuffer
 
     def summary(self) -> str:
-        return (f"average return {self.average_return:.1f} over {len(self.eval_returns)} episodes | "
-                f"wall time {self.wall_time:.0f} s | {self.env_steps_per_sec:.0f} env steps/s | "
-                f"{self.train_steps_per_sec:.0f} train steps/s")
+        return (
+            f"average return {self.average_return:.1f} over {len(self.eval_returns)} episodes | "
+            f"wall time {self.wall_time:.0f} s | {self.env_steps_per_sec:.0f} env steps/s | "
+            f"{self.train_steps_per_sec:.0f} train steps/s"
+        )
 
 
 def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
@@ -126,8 +128,15 @@ def plot_learning_curve(history: list[dict], path: str, eval_returns: list[float
     if evals:
         ax.plot(*zip(*evals), "o--", color="C2", label="greedy evaluations during training")
     if eval_returns and history:
-        ax.scatter([history[-1]["env_steps"]], [np.mean(eval_returns)], color="C3", zorder=3, marker="*", s=150,
-                   label=f"final evaluation ({len(eval_returns)} episodes)")
+        ax.scatter(
+            [history[-1]["env_steps"]],
+            [np.mean(eval_returns)],
+            color="C3",
+            zorder=3,
+            marker="*",
+            s=150,
+            label=f"final evaluation ({len(eval_returns)} episodes)",
+        )
     ax.set_xlabel("environment steps")
     ax.set_ylabel("return")
     ax.grid(alpha=0.3)
@@ -141,8 +150,9 @@ def _learning_rate(config: DqnConfig) -> Any:
     if config.end_learning_rate is None:
         return config.learning_rate
     num_train_steps = (config.num_env_steps - config.initial_collect_steps) * config.train_steps_per_env_step
-    return tf_keras.optimizers.schedules.PolynomialDecay(config.learning_rate, max(int(num_train_steps), 1),
-                                                         config.end_learning_rate)
+    return tf_keras.optimizers.schedules.PolynomialDecay(
+        config.learning_rate, max(int(num_train_steps), 1), config.end_learning_rate
+    )
 
 
 class _NoBar:
@@ -195,15 +205,24 @@ class _Run:
         spec = transition_spec(self.env.single_observation_space, self.env.single_action_space)
         num_actions = int(self.env.single_action_space.n)  # type: ignore[attr-defined]
         q_network = make_q_network(spec.observation, num_actions, c.fc_layer_params, seed=c.seed)
-        self.agent = DqnAgent(spec.observation, num_actions, q_network, tf_keras.optimizers.Adam(_learning_rate(c)),
-                              gamma=c.gamma, target_update_period=c.target_update_period,
-                              target_update_tau=c.target_update_tau, gradient_clipping=c.gradient_clipping)
-        self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs,
-                                            max_length=max(c.buffer_size // c.num_envs, 2), seed=c.seed)
+        self.agent = DqnAgent(
+            spec.observation,
+            num_actions,
+            q_network,
+            tf_keras.optimizers.Adam(_learning_rate(c)),
+            gamma=c.gamma,
+            target_update_period=c.target_update_period,
+            target_update_tau=c.target_update_tau,
+            gradient_clipping=c.gradient_clipping,
+        )
+        self.buffer = TFUniformReplayBuffer(
+            spec, batch_size=c.num_envs, max_length=max(c.buffer_size // c.num_envs, 2), seed=c.seed
+        )
         self.returns, self.lengths = AverageReturn(20), AverageEpisodeLength(20)
         policy = self.agent.policy(lambda: linear_epsilon(c, int(self.env_steps.numpy())), seed=c.seed)
-        self.driver = StepDriver(self.env, policy, [self.buffer.add_batch, self.returns, self.lengths],
-                                 num_steps=c.num_envs, seed=c.seed)
+        self.driver = StepDriver(
+            self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
+        )
         options = tf.data.Options()
         options.experimental_optimization.inject_prefetch = False  # sample when asked: reproducible runs
         dataset = self.buffer.as_dataset(sample_batch_size=c.batch_size, num_steps=2).with_options(options)
@@ -212,8 +231,13 @@ class _Run:
         self.best_q_network = tf_keras.models.clone_model(q_network)
         self.best_q_network.set_weights(q_network.get_weights())
         self.best_return = tf.Variable(-np.inf, dtype=tf.float64, trainable=False, name="best_return")
-        self.checkpoint = tf.train.Checkpoint(agent=self.agent, buffer=self.buffer, env_steps=self.env_steps,
-                                              best_q_network=self.best_q_network, best_return=self.best_return)
+        self.checkpoint = tf.train.Checkpoint(
+            agent=self.agent,
+            buffer=self.buffer,
+            env_steps=self.env_steps,
+            best_q_network=self.best_q_network,
+            best_return=self.best_return,
+        )
         self.manager = None
         if c.output_dir:
             self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(c.output_dir, "checkpoints"), 1)
@@ -244,9 +268,14 @@ class _Run:
 
     def log(self, loss: float, elapsed: float) -> dict:
         finite = lambda x: float(x) if np.isfinite(x) else None  # noqa: E731  (JSON has no NaN)
-        point = {"env_steps": int(self.env_steps.numpy()), "train_steps": int(self.agent.train_step_counter.numpy()),
-                 "average_return": finite(self.returns.result()), "episode_length": finite(self.lengths.result()),
-                 "loss": finite(loss), "elapsed": elapsed}
+        point = {
+            "env_steps": int(self.env_steps.numpy()),
+            "train_steps": int(self.agent.train_step_counter.numpy()),
+            "average_return": finite(self.returns.result()),
+            "episode_length": finite(self.lengths.result()),
+            "loss": finite(loss),
+            "elapsed": elapsed,
+        }
         self.history.append(point)
         if self.manager:
             with self.writer.as_default(step=point["env_steps"]):
@@ -259,8 +288,9 @@ class _Run:
         """A greedy evaluation during training; keeps the best weights. True: stop early."""
         c = self.config
         steps = int(self.env_steps.numpy())
-        mean = float(np.mean(evaluate(c.env_id, self.agent.policy(), c.num_interval_eval_episodes,
-                                      seed=c.seed + 20_000 + steps)))
+        mean = float(
+            np.mean(evaluate(c.env_id, self.agent.policy(), c.num_interval_eval_episodes, seed=c.seed + 20_000 + steps))
+        )
         self.history[-1]["eval_return"] = mean  # loop() logged a point at this step
         if mean >= self.best_return.numpy():
             self.best_return.assign(mean)
@@ -290,8 +320,11 @@ class _Run:
                 if due("log", now, c.log_interval) or evaluate_now:
                     elapsed = time.perf_counter() - start
                     self.log(loss, elapsed)
-                    bar.set_postfix(avg_return=f"{self.returns.result():.1f}", loss=f"{loss:.3f}",
-                                    env_steps_per_s=f"{(now - first) / max(elapsed, 1e-9):.0f}")
+                    bar.set_postfix(
+                        avg_return=f"{self.returns.result():.1f}",
+                        loss=f"{loss:.3f}",
+                        env_steps_per_s=f"{(now - first) / max(elapsed, 1e-9):.0f}",
+                    )
                 if evaluate_now:
                     stop = self.evaluate_now()
                 if due("save", now, c.checkpoint_interval):
@@ -337,8 +370,16 @@ def train_dqn(config: DqnConfig | None = None, **overrides: Any) -> TrainResult:
         run.writer.flush()
     env_steps, train_steps = int(run.env_steps.numpy()), int(run.agent.train_step_counter.numpy())
     rate = lambda n: n / loop_time if loop_time > 0 else 0.0  # noqa: E731
-    return TrainResult(average_return=float(np.mean(eval_returns)), eval_returns=eval_returns,
-                       num_env_steps=env_steps, num_train_steps=train_steps,
-                       wall_time=time.perf_counter() - wall_start, env_steps_per_sec=rate(env_steps - steps0),
-                       train_steps_per_sec=rate(train_steps - train0), history=run.history,
-                       output_dir=config.output_dir, agent=run.agent, buffer=run.buffer)
+    return TrainResult(
+        average_return=float(np.mean(eval_returns)),
+        eval_returns=eval_returns,
+        num_env_steps=env_steps,
+        num_train_steps=train_steps,
+        wall_time=time.perf_counter() - wall_start,
+        env_steps_per_sec=rate(env_steps - steps0),
+        train_steps_per_sec=rate(train_steps - train0),
+        history=run.history,
+        output_dir=config.output_dir,
+        agent=run.agent,
+        buffer=run.buffer,
+    )

@@ -40,8 +40,17 @@ class _RingBuffer(ReplayBuffer):
 
     _ops: Any
 
-    def __init__(self, data_spec: Nest, num_segments: int, max_length: int, *, window_shift: int | None,
-                 drop_remainder: bool, stateful_dataset: bool, name: str):
+    def __init__(
+        self,
+        data_spec: Nest,
+        num_segments: int,
+        max_length: int,
+        *,
+        window_shift: int | None,
+        drop_remainder: bool,
+        stateful_dataset: bool,
+        name: str,
+    ):
         where = type(self).__name__
         specs.check_positive_int(where, "batch_size", num_segments)
         specs.check_positive_int(where, "max_length", max_length)
@@ -81,8 +90,9 @@ class _RingBuffer(ReplayBuffer):
 
         return self._exclusive(body)
 
-    def _package(self, leaves: list, ids: Any, probs: Any, batched: bool, num_steps: int | None,
-                 time_stacked: bool) -> tuple[Nest, BufferInfo]:
+    def _package(
+        self, leaves: list, ids: Any, probs: Any, batched: bool, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Nest, BufferInfo]:
         items = tf.nest.pack_sequence_as(self._data_spec, leaves)
         if num_steps is not None and not time_stacked:
             axis = 1 if batched else 0
@@ -100,8 +110,9 @@ class _RingBuffer(ReplayBuffer):
 
         return tf.nest.pack_sequence_as(self._data_spec, self._exclusive(body))
 
-    def _single_pass_dataset(self, sample_batch_size: int | None, num_steps: int | None,
-                             num_parallel_calls: int | None) -> tf.data.Dataset:
+    def _single_pass_dataset(
+        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+    ) -> tf.data.Dataset:
         """Windows of each segment in order; ids are read when iteration starts."""
         if self._drop_remainder and sample_batch_size is not None and sample_batch_size > self._num_segments:
             raise ValueError(
@@ -123,10 +134,12 @@ class _RingBuffer(ReplayBuffer):
             local = min_id + tf.range(num_live, dtype=tf.int64)
             segments = tf.data.Dataset.range(self._num_segments)
             if sample_batch_size is None:
-                return segments.flat_map(lambda s: windows(
-                    tf.data.Dataset.from_tensor_slices(ring.local_to_rows(local, s, size, self._num_segments)),
-                    self._drop_remainder,
-                ))
+                return segments.flat_map(
+                    lambda s: windows(
+                        tf.data.Dataset.from_tensor_slices(ring.local_to_rows(local, s, size, self._num_segments)),
+                        self._drop_remainder,
+                    )
+                )
 
             def group(segs: tf.Tensor) -> tf.data.Dataset:
                 pairs = ring.local_to_rows(local[:, None], segs[None, :], size, self._num_segments)
@@ -189,12 +202,27 @@ class TFUniformReplayBuffer(_RingBuffer):
     _ops = ring.TF_OPS
     _TF_MODULE_IGNORED_PROPERTIES = frozenset(["_eager_fns"]).union(ReplayBuffer._TF_MODULE_IGNORED_PROPERTIES)
 
-    def __init__(self, data_spec: Nest, batch_size: int, max_length: int = 1000,
-                 scope: str = "TFUniformReplayBuffer", device: str = "cpu:*",
-                 dataset_drop_remainder: bool = False, dataset_window_shift: int | None = None,
-                 stateful_dataset: bool = False, seed: int | list[int] | None = None):
-        super().__init__(data_spec, batch_size, max_length, window_shift=dataset_window_shift,
-                         drop_remainder=dataset_drop_remainder, stateful_dataset=stateful_dataset, name=scope)
+    def __init__(
+        self,
+        data_spec: Nest,
+        batch_size: int,
+        max_length: int = 1000,
+        scope: str = "TFUniformReplayBuffer",
+        device: str = "cpu:*",
+        dataset_drop_remainder: bool = False,
+        dataset_window_shift: int | None = None,
+        stateful_dataset: bool = False,
+        seed: int | list[int] | None = None,
+    ):
+        super().__init__(
+            data_spec,
+            batch_size,
+            max_length,
+            window_shift=dataset_window_shift,
+            drop_remainder=dataset_drop_remainder,
+            stateful_dataset=stateful_dataset,
+            name=scope,
+        )
         self._device = device
         self._scope = scope
         if seed is None:  # TF's global seed, with an op seed so two buffers draw apart
@@ -203,8 +231,11 @@ class TFUniformReplayBuffer(_RingBuffer):
         with tf.device(device), tf.name_scope(scope):
             self._storage = TFStorage(self._data_spec, self._capacity, self._leaf_paths)
             self._num_adds = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_adds")
-            self._rng = (tf.random.Generator.from_non_deterministic_state() if seed is None
-                         else tf.random.Generator.from_seed(seed))
+            self._rng = (
+                tf.random.Generator.from_non_deterministic_state()
+                if seed is None
+                else tf.random.Generator.from_seed(seed)
+            )
         self._lock = tf.CriticalSection(name="lock")
         # Eager calls go through concrete functions traced once, on first use:
         # a polymorphic tf.function re-checks its signature on every call.
@@ -227,8 +258,12 @@ class TFUniformReplayBuffer(_RingBuffer):
             "add_batch", self._data_spec, self._leaf_paths, items, self._num_segments
         )
         if tf.executing_eagerly():
-            return self._eager_fn("add", lambda: tf.function(self._write, autograph=False).get_concrete_function(
-                [tf.TensorSpec(x.shape, x.dtype) for x in leaves]))(leaves)
+            return self._eager_fn(
+                "add",
+                lambda: tf.function(self._write, autograph=False).get_concrete_function(
+                    [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
+                ),
+            )(leaves)
         with tf.control_dependencies(asserts):
             return self._write(leaves)
 
@@ -241,12 +276,17 @@ class TFUniformReplayBuffer(_RingBuffer):
         with tf.device(self._device), tf.name_scope(self._scope):
             return self._exclusive(body)
 
-    def _get_next(self, sample_batch_size: int | None, num_steps: int | None,
-                  time_stacked: bool) -> tuple[Nest, BufferInfo]:
+    def _get_next(
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Nest, BufferInfo]:
         if tf.executing_eagerly():
             key = f"sample/{sample_batch_size}/{num_steps}"
-            fn = self._eager_fn(key, lambda: tf.function(
-                lambda: self._sample_tensors(sample_batch_size, num_steps), autograph=False).get_concrete_function())
+            fn = self._eager_fn(
+                key,
+                lambda: tf.function(
+                    lambda: self._sample_tensors(sample_batch_size, num_steps), autograph=False
+                ).get_concrete_function(),
+            )
             try:
                 items, info = fn()
             except tf.errors.InvalidArgumentError as err:  # the graph's emptiness check
@@ -257,8 +297,9 @@ class TFUniformReplayBuffer(_RingBuffer):
             items, info = self._sample_tensors(sample_batch_size, num_steps)
         if num_steps is None or time_stacked:
             return items, info
-        return self._package(tf.nest.flatten(items), info.ids, info.probabilities,
-                             sample_batch_size is not None, num_steps, time_stacked)
+        return self._package(
+            tf.nest.flatten(items), info.ids, info.probabilities, sample_batch_size is not None, num_steps, time_stacked
+        )
 
     def _eager_fn(self, key: str, trace: Callable[[], Any]) -> Any:
         if key not in self._eager_fns:
@@ -304,8 +345,10 @@ def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) ->
             raise ValueError(f"{where}: capacity (None) must be given, or batch_size and max_length.")
         specs.check_positive_int(where, "capacity", capacity)
         if max_length is not None:
-            raise ValueError(f"{where}: max_length ({max_length}) must come with batch_size; "
-                             "with capacity alone the buffer is one ring of capacity rows.")
+            raise ValueError(
+                f"{where}: max_length ({max_length}) must come with batch_size; "
+                "with capacity alone the buffer is one ring of capacity rows."
+            )
         return 1, capacity
     specs.check_positive_int(where, "batch_size", batch_size)
     if capacity is not None:
@@ -313,11 +356,12 @@ def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) ->
         if capacity % batch_size:
             raise ValueError(f"{where}: capacity ({capacity}) must be a multiple of batch_size ({batch_size}).")
         if max_length is not None and capacity != batch_size * max_length:
-            raise ValueError(f"{where}: capacity ({capacity}) must equal batch_size ({batch_size}) * "
-                             f"max_length ({max_length}), or be left out.")
+            raise ValueError(
+                f"{where}: capacity ({capacity}) must equal batch_size ({batch_size}) * "
+                f"max_length ({max_length}), or be left out."
+            )
         return batch_size, capacity // batch_size
     return batch_size, 1000 if max_length is None else max_length
-
 
 
 class PyUniformReplayBuffer(_RingBuffer):
@@ -334,21 +378,40 @@ class PyUniformReplayBuffer(_RingBuffer):
 
     _ops = ring.NUMPY_OPS
 
-    def __init__(self, data_spec: Nest, capacity: int | None = None, *, batch_size: int | None = None,
-                 max_length: int | None = None, seed: int | None = None,
-                 dataset_drop_remainder: bool = False, dataset_window_shift: int | None = None,
-                 stateful_dataset: bool = False, name: str = "PyUniformReplayBuffer"):
+    def __init__(
+        self,
+        data_spec: Nest,
+        capacity: int | None = None,
+        *,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        seed: int | None = None,
+        dataset_drop_remainder: bool = False,
+        dataset_window_shift: int | None = None,
+        stateful_dataset: bool = False,
+        name: str = "PyUniformReplayBuffer",
+    ):
         segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
-        super().__init__(data_spec, segments, length, window_shift=dataset_window_shift,
-                         drop_remainder=dataset_drop_remainder, stateful_dataset=stateful_dataset, name=name)
+        super().__init__(
+            data_spec,
+            segments,
+            length,
+            window_shift=dataset_window_shift,
+            drop_remainder=dataset_drop_remainder,
+            stateful_dataset=stateful_dataset,
+            name=name,
+        )
         self._rows_per_add = None if batch_size is None else batch_size
         self._storage = NumpyStorage(self._data_spec, self._capacity)
         self._num_adds = 0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self._checkpoint_state = NumpyCheckpointState(
-            self._lock, lambda: self._storage.arrays, self._rng,
-            lambda: {"num_adds": self._num_adds}, lambda d: setattr(self, "_num_adds", int(d["num_adds"])),
+            self._lock,
+            lambda: self._storage.arrays,
+            self._rng,
+            lambda: {"num_adds": self._num_adds},
+            lambda d: setattr(self, "_num_adds", int(d["num_adds"])),
         )
 
     @property
@@ -359,8 +422,7 @@ class PyUniformReplayBuffer(_RingBuffer):
         return min(self._num_adds, self._max_length) * self._num_segments
 
     def _add_batch(self, items: Nest) -> None:
-        arrays = specs.validate_numpy_batch("add_batch", self._data_spec, self._leaf_paths, items,
-                                            self._rows_per_add)
+        arrays = specs.validate_numpy_batch("add_batch", self._data_spec, self._leaf_paths, items, self._rows_per_add)
         num_new = 1 if self._rows_per_add is not None else arrays[0].shape[0]
         if num_new == 0:
             return
@@ -368,13 +430,15 @@ class PyUniformReplayBuffer(_RingBuffer):
         if skip:
             arrays = [a[skip:] for a in arrays]
         with self._lock:
-            rows = ring.write_rows(self._num_adds + skip, num_new - skip, self._max_length,
-                                   self._num_segments, self._ops)
+            rows = ring.write_rows(
+                self._num_adds + skip, num_new - skip, self._max_length, self._num_segments, self._ops
+            )
             self._storage.write(rows.reshape(-1), arrays)
             self._num_adds += num_new
 
-    def _get_next(self, sample_batch_size: int | None, num_steps: int | None,
-                  time_stacked: bool) -> tuple[Nest, BufferInfo]:
+    def _get_next(
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Nest, BufferInfo]:
         leaves, ids, probs = self._sample(sample_batch_size, num_steps)
         return self._package(leaves, ids, probs, sample_batch_size is not None, num_steps, time_stacked)
 
