@@ -149,7 +149,10 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
     def _sample_fn(self, sample_batch_size: int | None, num_steps: int | None) -> Callable[[], Any]:
         fns = self._sample_fns.by_shape
         if (sample_batch_size, num_steps) not in fns:
-            fns[sample_batch_size, num_steps] = tf.function(lambda: self._sample(sample_batch_size, num_steps))
+            # A concrete function, traced once: cheaper per call than a polymorphic tf.function.
+            fns[sample_batch_size, num_steps] = tf.function(
+                lambda: self._sample(sample_batch_size, num_steps), autograph=False
+            ).get_concrete_function()
         return fns[sample_batch_size, num_steps]
 
     def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
