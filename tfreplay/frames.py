@@ -70,7 +70,7 @@ import tensorflow as tf
 
 from tfreplay import frame_index, specs
 from tfreplay.frame_index import rows_of
-from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
+from tfreplay.replay_buffer import BufferInfo, SegmentedReplayBuffer
 from tfreplay.specs import Nest
 
 _RESERVED = ("frame", "first")
@@ -114,7 +114,7 @@ def split_spec(where: str, data_spec: Nest) -> tuple[tf.TensorSpec, dict]:
     return frame, {k: v for k, v in data_spec.items() if k not in _RESERVED}
 
 
-class FrameReplayBuffer(ReplayBuffer):
+class FrameReplayBuffer(SegmentedReplayBuffer):
     """What both twins share: checks, sampling, stacking. Twins supply the hooks.
 
     Every array operation goes through `_ops`, so the NumPy twin runs the same
@@ -138,14 +138,13 @@ class FrameReplayBuffer(ReplayBuffer):
     ):
         where = type(self).__name__
         specs.check_positive_int(where, "history_len", history_len)
-        specs.check_positive_int(where, "batch_size", num_segments)
         specs.check_positive_int(where, "max_length", max_length)
         if max_length <= history_len:
             raise ValueError(
                 f"{where}: max_length ({max_length}) must be greater than history_len "
                 f"({history_len}); a transition shows history_len + 1 frames of one segment."
             )
-        super().__init__(data_spec, num_segments * max_length, stateful_dataset, name=name)
+        super().__init__(data_spec, num_segments, max_length, stateful_dataset, name=name)
         frame, extras = split_spec(where, self._data_spec)
         # A namespace, not attributes: tf.Module would wrap dicts in slow trackable proxies.
         self._specs = types.SimpleNamespace(
@@ -155,19 +154,8 @@ class FrameReplayBuffer(ReplayBuffer):
             extras_paths=specs.leaf_paths(extras) if extras else [],
         )
         self._frame_shape = frame.shape.as_list()
-        self._num_segments, self._max_length = int(num_segments), int(max_length)
         self._history_len = int(history_len)
         self._drop_remainder = bool(drop_remainder)
-
-    @property
-    def batch_size(self) -> int:
-        """Number of segments: the batch size `add_batch` expects."""
-        return self._num_segments
-
-    @property
-    def max_length(self) -> int:
-        """Rows (frames) per segment."""
-        return self._max_length
 
     @property
     def history_len(self) -> int:

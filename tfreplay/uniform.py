@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay import ring, specs
-from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
+from tfreplay.replay_buffer import BufferInfo, ReplayBuffer, SegmentedReplayBuffer
 from tfreplay.specs import Nest
 from tfreplay.storage import NumpyCheckpointState, NumpyStorage, TFStorage
 
@@ -35,7 +35,7 @@ def empty_message(where: str, num_steps: int | None) -> str:
     )
 
 
-class _RingBuffer(ReplayBuffer):
+class _RingBuffer(SegmentedReplayBuffer):
     """The ring shared by both twins; variants supply the hooks at the bottom."""
 
     _ops: Any
@@ -51,28 +51,10 @@ class _RingBuffer(ReplayBuffer):
         stateful_dataset: bool,
         name: str,
     ):
-        where = type(self).__name__
-        specs.check_positive_int(where, "batch_size", num_segments)
-        specs.check_positive_int(where, "max_length", max_length)
-        specs.check_positive_int(where, "dataset_window_shift", window_shift, allow_none=True)
-        super().__init__(data_spec, num_segments * max_length, stateful_dataset, name=name)
-        self._num_segments = int(num_segments)
-        self._max_length = int(max_length)
+        specs.check_positive_int(type(self).__name__, "dataset_window_shift", window_shift, allow_none=True)
+        super().__init__(data_spec, num_segments, max_length, stateful_dataset, name=name)
         self._window_shift = window_shift
         self._drop_remainder = bool(drop_remainder)
-
-    @property
-    def batch_size(self) -> int:
-        """Number of segments: the batch size `add_batch` expects."""
-        return self._num_segments
-
-    @property
-    def max_length(self) -> int:
-        """Rows per segment."""
-        return self._max_length
-
-    def _max_window(self) -> int:
-        return self._max_length
 
     def _sample(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[list, Any, Any]:
         """Draws windows uniformly over (segment, start) pairs; under the lock."""
