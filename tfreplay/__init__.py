@@ -9,7 +9,8 @@ from tfreplay.frames import frame_data_spec
 from tfreplay.frames_py import PyFrameReplayBuffer
 from tfreplay.frames_tf import TFFrameReplayBuffer
 from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
-from tfreplay.uniform import PyUniformReplayBuffer, TFUniformReplayBuffer
+from tfreplay.uniform_py import PyUniformReplayBuffer
+from tfreplay.uniform_tf import TFUniformReplayBuffer
 
 __version__ = "0.1.0"
 

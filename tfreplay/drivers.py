@@ -34,7 +34,7 @@ from gymnasium.vector import AutoresetMode
 from tfreplay import specs
 from tfreplay.replay_buffer import ReplayBuffer
 from tfreplay.specs import Nest
-from tfreplay.uniform import TFUniformReplayBuffer
+from tfreplay.uniform_tf import TFUniformReplayBuffer
 
 Policy = Callable[[Nest], Any]
 Observer = Callable[[Any], Any]

@@ -14,7 +14,7 @@ from tfreplay.frames import FrameReplayBuffer, empty_message
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
 from tfreplay.storage import NumpyCheckpointState, NumpyStorage
-from tfreplay.uniform import numpy_layout
+from tfreplay.uniform_py import numpy_layout
 
 
 class PyFrameReplayBuffer(FrameReplayBuffer):

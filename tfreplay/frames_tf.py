@@ -13,6 +13,7 @@ from tfreplay.frames import FrameReplayBuffer, empty_message
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
 from tfreplay.storage import TFStorage
+from tfreplay.uniform_tf import tf_exclusive
 
 
 class TFFrameReplayBuffer(FrameReplayBuffer):
@@ -214,7 +215,7 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
         return tf.cond(pred, true_fn, false_fn)
 
     def _exclusive(self, fn: Callable[[], Any]) -> Any:
-        return self._lock.execute(fn)
+        return tf_exclusive(self._lock, fn)
 
     def _valid_starts_tensors(self, n: int) -> tuple[tf.Tensor, tf.Tensor]:
         return self._exclusive(lambda: self._valid_starts(n, aligned=True))

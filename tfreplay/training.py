@@ -25,7 +25,7 @@ import tf_keras
 from tfreplay.agents import DqnAgent, make_q_network
 from tfreplay.drivers import StepDriver, make_vector_env, transition_spec
 from tfreplay.observers import AverageEpisodeLength, AverageReturn
-from tfreplay.uniform import TFUniformReplayBuffer
+from tfreplay.uniform_tf import TFUniformReplayBuffer
 
 
 @dataclasses.dataclass
