@@ -85,7 +85,7 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
                 else tf.random.Generator.from_seed(seed)
             )
         self._lock = tf.CriticalSection(name="lock")
-        self._write_fn = tf.function(self._write)
+        object.__setattr__(self, "_write_fn", None)  # untracked: not checkpoint state
         # One argument-free tf.function per (sample_batch_size, num_steps): binding Python
         # arguments costs a tf.function call more than a small sample takes to draw.
         self._sample_fns = types.SimpleNamespace(by_shape={})
@@ -108,6 +108,10 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
         )
         frame, first, extras = self._split_row(leaves)
         if tf.executing_eagerly():
+            if self._write_fn is None:  # traced once: cheaper per call than a polymorphic tf.function
+                signature = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape, x.dtype), (frame, first, extras))
+                fn = tf.function(self._write, autograph=False).get_concrete_function(*signature)
+                object.__setattr__(self, "_write_fn", fn)
             return self._write_fn(frame, first, extras)
         with tf.control_dependencies(asserts):
             return self._write(frame, first, extras)
