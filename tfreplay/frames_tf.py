@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -13,7 +12,7 @@ from tfreplay.frames import FrameReplayBuffer, empty_message
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
 from tfreplay.storage import TFStorage
-from tfreplay.uniform_tf import tf_exclusive
+from tfreplay.uniform_tf import EagerFunctions, tf_exclusive
 
 
 class TFFrameReplayBuffer(FrameReplayBuffer):
@@ -85,10 +84,9 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
                 else tf.random.Generator.from_seed(seed)
             )
         self._lock = tf.CriticalSection(name="lock")
-        object.__setattr__(self, "_write_fn", None)  # untracked: not checkpoint state
+        self._eager = EagerFunctions()
         # One argument-free tf.function per (sample_batch_size, num_steps): binding Python
         # arguments costs a tf.function call more than a small sample takes to draw.
-        self._sample_fns = types.SimpleNamespace(by_shape={})
         # Counting, drawing and reading in one XLA program: fewer, fused kernels. The lock
         # and the emptiness check (XLA has neither) stay outside.
         self._compiled_sample = tf.function(self._count_and_draw, jit_compile=True)
@@ -108,11 +106,8 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
         )
         frame, first, extras = self._split_row(leaves)
         if tf.executing_eagerly():
-            if self._write_fn is None:  # traced once: cheaper per call than a polymorphic tf.function
-                signature = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape, x.dtype), (frame, first, extras))
-                fn = tf.function(self._write, autograph=False).get_concrete_function(*signature)
-                object.__setattr__(self, "_write_fn", fn)
-            return self._write_fn(frame, first, extras)
+            signature = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape, x.dtype), (frame, first, extras))
+            return self._eager.get("add", self._write, *signature)(frame, first, extras)
         with tf.control_dependencies(asserts):
             return self._write(frame, first, extras)
 
@@ -152,13 +147,9 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
         return self._package(items, info, sample_batch_size is not None, num_steps, time_stacked)
 
     def _sample_fn(self, sample_batch_size: int | None, num_steps: int | None) -> Callable[[], Any]:
-        fns = self._sample_fns.by_shape
-        if (sample_batch_size, num_steps) not in fns:
-            # A concrete function, traced once: cheaper per call than a polymorphic tf.function.
-            fns[sample_batch_size, num_steps] = tf.function(
-                lambda: self._sample(sample_batch_size, num_steps), autograph=False
-            ).get_concrete_function()
-        return fns[sample_batch_size, num_steps]
+        return self._eager.get(
+            f"sample/{sample_batch_size}/{num_steps}", lambda: self._sample(sample_batch_size, num_steps)
+        )
 
     def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
         with tf.device(self._device), tf.name_scope(self._scope):

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfreplay import ring, specs
-from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
+from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
 from tfreplay.storage import TFStorage
 from tfreplay.uniform import RingBuffer, empty_message
@@ -18,6 +18,24 @@ except ImportError:  # pragma: no cover
 
     def _in_xla_graph(graph: Any) -> bool:
         return False
+
+
+class EagerFunctions:
+    """Concrete functions traced once per key, for eager calls.
+
+    A concrete function is cheaper per call than a polymorphic `tf.function`,
+    which re-checks its signature every time. Kept out of `tf.Module` tracking:
+    it is not checkpoint state.
+    """
+
+    def __init__(self) -> None:
+        self._fns: dict[str, Any] = {}
+
+    def get(self, key: str, fn: Callable, *signature: Any) -> Any:
+        """The concrete function of `fn` for `key`, traced on first use."""
+        if key not in self._fns:
+            self._fns[key] = tf.function(fn, autograph=False).get_concrete_function(*signature)
+        return self._fns[key]
 
 
 def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
@@ -53,7 +71,6 @@ class TFUniformReplayBuffer(RingBuffer):
     """
 
     _ops = ring.TF_OPS
-    _TF_MODULE_IGNORED_PROPERTIES = frozenset(["_eager_fns"]).union(ReplayBuffer._TF_MODULE_IGNORED_PROPERTIES)
 
     def __init__(
         self,
@@ -90,9 +107,7 @@ class TFUniformReplayBuffer(RingBuffer):
                 else tf.random.Generator.from_seed(seed)
             )
         self._lock = tf.CriticalSection(name="lock")
-        # Eager calls go through concrete functions traced once, on first use:
-        # a polymorphic tf.function re-checks its signature on every call.
-        object.__setattr__(self, "_eager_fns", {})  # untracked: not checkpoint state
+        self._eager = EagerFunctions()
 
     @property
     def device(self) -> str:
@@ -111,12 +126,8 @@ class TFUniformReplayBuffer(RingBuffer):
             "add_batch", self._data_spec, self._leaf_paths, items, self._num_segments
         )
         if tf.executing_eagerly():
-            return self._eager_fn(
-                "add",
-                lambda: tf.function(self._write, autograph=False).get_concrete_function(
-                    [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
-                ),
-            )(leaves)
+            signature = [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
+            return self._eager.get("add", self._write, signature)(leaves)
         with tf.control_dependencies(asserts):
             return self._write(leaves)
 
@@ -133,12 +144,8 @@ class TFUniformReplayBuffer(RingBuffer):
         self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
     ) -> tuple[Nest, BufferInfo]:
         if tf.executing_eagerly():
-            key = f"sample/{sample_batch_size}/{num_steps}"
-            fn = self._eager_fn(
-                key,
-                lambda: tf.function(
-                    lambda: self._sample_tensors(sample_batch_size, num_steps), autograph=False
-                ).get_concrete_function(),
+            fn = self._eager.get(
+                f"sample/{sample_batch_size}/{num_steps}", lambda: self._sample_tensors(sample_batch_size, num_steps)
             )
             try:
                 items, info = fn()
@@ -153,11 +160,6 @@ class TFUniformReplayBuffer(RingBuffer):
         return self._package(
             tf.nest.flatten(items), info.ids, info.probabilities, sample_batch_size is not None, num_steps, time_stacked
         )
-
-    def _eager_fn(self, key: str, trace: Callable[[], Any]) -> Any:
-        if key not in self._eager_fns:
-            self._eager_fns[key] = trace()
-        return self._eager_fns[key]
 
     def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
         with tf.device(self._device), tf.name_scope(self._scope):
