@@ -48,6 +48,7 @@ from tfreplay import (  # noqa: E402
     TFUniformReplayBuffer,
     frame_data_spec,
 )
+from tfreplay.frame_index import POS_BINS  # noqa: E402
 
 SEGMENTS, ROWS, BATCH, HISTORY, EPISODE = 4, 5_000, 32, 4, 500
 GB = 1e9
@@ -125,7 +126,7 @@ def big_buffer(repeats: int, block: float, baseline) -> tuple[list, list]:
     pos = (np.arange(1_000_000) % (EPISODE + 1)).astype(np.int32)
     rb._pos.assign(pos)
     rb._num_adds.assign([1_000_000])
-    rb._nonfirst.assign([np.count_nonzero(pos)])
+    rb._pos_counts.assign([np.bincount(np.minimum(pos, POS_BINS - 1), minlength=POS_BINS)])
     per_row = rb.nbytes / rb.capacity
     memory = [
         ("frame buffer, bytes per row (nbytes / capacity)", f"{per_row:,.1f}"),

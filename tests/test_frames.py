@@ -8,12 +8,15 @@ from `pos`: the buffers must return exactly its stacks for the ids they draw.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import scipy.stats
 import tensorflow as tf
+from test_concurrency import run_threads
 
-from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec
+from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec, frame_index
 
 FRAME = (2, 3)
 EXTRAS = ("action", "reward", "terminated", "truncated")
@@ -159,10 +162,44 @@ def test_windows_are_consecutive_steps_of_one_episode(twin, num_steps):
     np.testing.assert_array_equal(np.diff(ids, axis=1), 3)  # one segment, consecutive
     ref.check(items, ids)
     assert set(ids[:, 0].tolist()) == ref.valid(num_steps)
+    np.testing.assert_allclose(np.asarray(info.probabilities), 1 / len(ref.valid(num_steps)), rtol=1e-6)
     steps, step_info = rb.get_next(sample_batch_size=5, num_steps=num_steps, time_stacked=False)
     assert isinstance(steps, tuple) and len(steps) == num_steps
     for k, step in enumerate(steps):
         ref.check(step, np.asarray(step_info.ids[k]))
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_window_counts_match_the_reference_across_the_scan_threshold(twin):
+    # Episodes up to 150 steps in a wrapped ring: windows shorter than
+    # POS_BINS (64) are counted from the per-position row counts, longer
+    # ones by the scan; both must give the reference's count.
+    rng = np.random.default_rng(3)
+    streams = [make_stream(rng, s, 500, max_episode=150) for s in range(2)]
+    rb = make_buffer(twin, 2, 200, 4, seed=4)
+    for i in range(500):
+        rb.add_batch(row(streams, i))
+    ref = Reference(streams, 200, 4)
+    for n in (1, 2, 5, 63, 64, 70):
+        valid = ref.valid(n)
+        items, info = rb.get_next(sample_batch_size=8, num_steps=n)
+        ids = np.asarray(info.ids).reshape(8, n)
+        assert set(ids[:, 0].tolist()) <= valid, n
+        np.testing.assert_allclose(np.asarray(info.probabilities), 1 / len(valid), rtol=1e-6, err_msg=str(n))
+    assert int(rb.num_transitions()) == len(ref.valid())
+
+
+def test_counts_follow_sequences_longer_than_the_ring():
+    rng = np.random.default_rng(6)
+    streams = [make_stream(rng, s, 300, max_episode=90) for s in range(2)]
+    rb = PyFrameReplayBuffer(frame_data_spec(FRAME), batch_size=2, max_length=70, history_len=3, seed=1)
+    for lo, hi in [(0, 20), (20, 110), (110, 111), (111, 300)]:
+        for s in range(2):
+            rb.add_sequence({k: v[lo:hi] for k, v in streams[s].items()}, segment=s)
+    ref = Reference(streams, 70, 3)
+    for n in (1, 3, 30):
+        _, info = rb.get_next(sample_batch_size=4, num_steps=n)
+        np.testing.assert_allclose(info.probabilities, 1 / len(ref.valid(n)), rtol=1e-6, err_msg=str(n))
 
 
 @pytest.mark.parametrize("twin", TWINS)
@@ -250,20 +287,59 @@ def test_a_lone_valid_transition_among_first_frames_is_found(twin):
 
 
 @pytest.mark.parametrize("twin", TWINS)
-def test_draws_are_uniform_over_valid_transitions(twin):
+@pytest.mark.parametrize("num_steps", [None, 2])
+def test_draws_are_uniform_over_valid_windows(twin, num_steps):
     # Short episodes (a third of the rows are first frames): the candidates
     # often all miss, so draws mix rejection and the exact fallback.
     rng = np.random.default_rng(5)
-    streams = [make_stream(rng, s, 45, max_episode=2) for s in range(2)]
+    streams = [make_stream(rng, s, 45, max_episode=3) for s in range(2)]
     rb = make_buffer(twin, 2, 40, 3, seed=11)
     for i in range(45):
         rb.add_batch(row(streams, i))
-    valid = sorted(Reference(streams, 40, 3).valid())
+    valid = sorted(Reference(streams, 40, 3).valid(num_steps or 1))
     counts = dict.fromkeys(valid, 0)
     for _ in range(20):
-        for gid in np.asarray(rb.get_next(sample_batch_size=1000)[1].ids).tolist():
+        ids = np.asarray(rb.get_next(sample_batch_size=1000, num_steps=num_steps)[1].ids)
+        for gid in ids.reshape(1000, -1)[:, 0].tolist():
             counts[gid] += 1  # a KeyError would be an invalid draw
     assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_readers_racing_a_writer_through_wrap_around_get_whole_stacks(twin):
+    # A ring of 12 rows: the writer keeps overwriting the oldest frames that
+    # readers may be stacking. Every sample must equal the reference stack
+    # for its ids: a frame overwritten mid-read would not.
+    rng = np.random.default_rng(12)
+    streams = [make_stream(rng, s, 400) for s in range(3)]
+    ref = Reference(streams, 10**9, 4)  # the whole stream: every id's true stacks
+    rb = make_buffer(twin, 3, 12, 4, seed=3)
+    for i in range(12):
+        rb.add_batch(row(streams, i))
+    draws = [lambda: rb.get_next(16), lambda: rb.get_next(8, num_steps=2), iter(rb.as_dataset(8, 2, 2)).__next__]
+    if twin == "tf":
+        draws.append(tf.function(lambda: rb.get_next(16)))
+    for draw in draws:
+        draw()  # trace and compile before the threads start
+    done, samples = threading.Event(), []
+
+    def write():
+        for i in range(12, 400):
+            rb.add_batch(row(streams, i))
+        done.set()
+
+    def reader(draw):
+        def read():
+            while not done.is_set():
+                items, info = draw()
+                samples.append((tf.nest.map_structure(np.asarray, items), np.asarray(info.ids)))
+
+        return read
+
+    run_threads([write] + [reader(d) for d in draws])
+    assert len(samples) >= 2 * len(draws)
+    for items, ids in samples:
+        ref.check(items, ids)
 
 
 def test_segments_advancing_at_their_own_pace():
@@ -437,3 +513,24 @@ def test_storage_keeps_each_frame_once():
     assert 84 * 84 < per_row < 84 * 84 + 30  # one frame, the step's entries and `pos`
     stacked = TFFrameReplayBuffer(frame_data_spec((84, 84)), 1, 1000, history_len=4).nbytes / 1000
     assert stacked == pytest.approx(per_row, rel=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, bool, np.dtype(">u2"), np.float32])
+@pytest.mark.parametrize("history_len", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("num_steps", [None, 1, 3])
+def test_np_stacks_have_the_bits_of_naive_stacks(dtype, history_len, num_steps):
+    """Packed-word stacks (a pixel's stack in 2, 4 or 8 bytes) and slot-by-slot ones alike."""
+    rng = np.random.default_rng(0)
+    dtype = np.dtype(dtype)
+    raw = rng.integers(0, 2 if dtype.kind == "b" else 256, (20, 2, 3 * dtype.itemsize), dtype=np.uint8)
+    frames = raw.view(dtype)  # any bits, NaNs included
+    rows = rng.integers(0, 20, (7, history_len + (num_steps or 1)))
+    obs, nxt = frame_index.np_stacks(frames, rows, history_len, num_steps)
+    windows = frames[rows]
+    for got, first in ((obs, 0), (nxt, 1)):
+        want = np.stack(
+            [np.stack([windows[:, j + k + first] for k in range(history_len)], -1) for j in range(num_steps or 1)], 1
+        )
+        want = want[:, 0] if num_steps is None else want
+        assert got.dtype == frames.dtype and got.shape == want.shape
+        assert got.tobytes() == want.astype(frames.dtype).tobytes()

@@ -27,6 +27,7 @@ arithmetic runs on NumPy arrays and on tensors.
 
 from __future__ import annotations
 
+import math
 import types
 from typing import Any, Callable
 
@@ -37,6 +38,10 @@ from tfreplay import ring
 
 # pos saturates here, so a never-ending episode cannot overflow int32.
 POS_CAP = 2**30
+# Live rows are counted per segment by `pos`, the last bin holding every
+# `pos >= POS_BINS - 1`: windows of fewer than POS_BINS steps are counted from
+# these counts, longer ones by a scan of every row.
+POS_BINS = 64
 
 
 NUMPY_OPS = types.SimpleNamespace(
@@ -100,22 +105,37 @@ def rows_of(local: Any, segment: Any, max_length: int, num_segments: int) -> tup
     return ring.local_to_rows(local, segment, max_length, num_segments)
 
 
-def count_valid_steps(
-    num_adds: Any, nonfirst: Any, pos_at: Callable[[Any], Any], max_length: int, history_len: int, ops: Any
-) -> Any:
-    """Valid single transitions, from the live non-first rows per segment.
+def pos_bin(pos: Any, ops: Any) -> Any:
+    """The bin of `pos` in the per-segment counts of live rows (`POS_BINS`)."""
+    return ops.minimum(pos, POS_BINS - 1)
 
-    Of the live rows with `pos >= 1` (counted as rows are written), only
-    those among the oldest `history_len` can be invalid: their history
-    reaches below `min_id`. Counting them needs `history_len` reads per segment.
+
+def count_valid_windows(
+    num_adds: Any,
+    pos_counts: Any,
+    pos_at: Callable[[Any], Any],
+    max_length: int,
+    history_len: int,
+    num_steps: int,
+    ops: Any,
+) -> Any:
+    """Valid windows of `num_steps < POS_BINS` transitions, without a scan.
+
+    A window is counted at its end row `e`, which needs `pos[e] >= num_steps`:
+    `pos_counts` (live rows per segment and `pos_bin`, kept as rows are
+    written) gives how many rows have that. Of these, only the oldest
+    `history_len + num_steps - 1` rows of a segment can end an invalid window
+    (one showing frames older than `min_id`), so reading their `pos` corrects
+    the count: `history_len + num_steps - 1` reads per segment.
     """
+    num_segments = num_adds.shape[0]
     min_id, num_live = ring.live_range(num_adds, max_length, ops)
-    k = ops.arange(history_len)[None, :]
-    t = min_id[:, None] + k
-    segments = ops.arange(num_adds.shape[0])[:, None]
-    pos = pos_at(rows_of(t, segments, max_length, num_adds.shape[0])[0])
-    bad = (k < num_live[:, None]) & (pos >= 1) & (t - pos < min_id[:, None])
-    return ops.sum(nonfirst) - ops.sum(ops.to_int64(bad))
+    k = ops.arange(history_len + num_steps - 1)[None, :]
+    end = min_id[:, None] + k
+    pos = pos_at(rows_of(end, ops.arange(num_segments)[:, None], max_length, num_segments)[0])
+    start = end - (num_steps - 1)
+    bad = (k < num_live[:, None]) & (pos >= num_steps) & ~is_valid(start, pos, min_id[:, None], history_len, num_steps)
+    return ops.sum(pos_counts[:, num_steps:]) - ops.sum(ops.to_int64(bad))
 
 
 def valid_grid(
@@ -174,6 +194,13 @@ def np_stacks(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Observation and next-observation stacks of windows, from a frame array.
 
+    When one pixel's stack fills a 2-, 4- or 8-byte word (4 uint8 frames do), it
+    is built as that word (`_word_stacks`, about twice as fast); else slot by
+    slot. Both stacks share one allocation and temporaries stay small: with
+    glibc, freeing that block raises the heap's trim threshold above a call's
+    footprint, so later calls reuse its pages instead of returning them to the
+    OS and faulting them back in (3-5 times slower).
+
     Args:
       frames: `[num_rows, *frame_shape]`; `rows`: `[B, history_len + n]`, as
         `frame_rows` returns.
@@ -182,16 +209,60 @@ def np_stacks(
     Returns:
       `(observation, next_observation)`, each `[B, (n,) *frame_shape, history_len]`.
     """
-    windows = frames.take(rows.reshape(-1), axis=0).reshape(rows.shape + frames.shape[1:])
+    word_size = history_len * frames.dtype.itemsize
+    if history_len > 1 and word_size in (2, 4, 8) and not frames.dtype.hasobject:
+        obs, nxt = _word_stacks(frames, rows, history_len, np.dtype(f"<u{word_size}"))
+    else:
+        obs, nxt = _slot_stacks(frames, rows, history_len)
     outer = rows.shape[:1] + (() if num_steps is None else (num_steps,))
     shape = outer + frames.shape[1:] + (history_len,)
-    obs, nxt = np.empty(shape, frames.dtype), np.empty(shape, frames.dtype)
-    # Filling one stack slot at a time is faster than copying a transposed view.
-    for w in range(num_steps or 1):
-        at = (slice(None),) if num_steps is None else (slice(None), w)
+    return obs.view(frames.dtype).reshape(shape), nxt.view(frames.dtype).reshape(shape)
+
+
+def _slot_stacks(frames: np.ndarray, rows: np.ndarray, history_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """`[B, n, pixels, history_len]` stacks, filled one slot at a time.
+
+    Strided writes of one slot beat copying a transposed view.
+    """
+    size, n, pixels = rows.shape[0], rows.shape[1] - history_len, math.prod(frames.shape[1:])
+    windows = frames.take(rows.reshape(-1), axis=0).reshape(rows.shape + (pixels,))
+    obs, nxt = np.empty((2, size, n, pixels, history_len), frames.dtype)
+    for j in range(n):
         for k in range(history_len):
-            obs[at + (Ellipsis, k)] = windows[:, w + k]
-            nxt[at + (Ellipsis, k)] = windows[:, w + k + 1]
+            obs[:, j, :, k] = windows[:, j + k]
+            nxt[:, j, :, k] = windows[:, j + k + 1]
+    return obs, nxt
+
+
+def _word_stacks(
+    frames: np.ndarray, rows: np.ndarray, history_len: int, word: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """`[B, n, pixels]` stacks, each pixel's stack one `word` with slot `k` in bits `[k * lane, (k + 1) * lane)`.
+
+    The words are little-endian, so their bytes are the stack's. Whole-frame
+    shifts and ors build them, newest first: an observation is its next
+    observation shifted up one lane with the older frame in lane 0, and that
+    next observation is the following step's observation. Frames are gathered
+    one slot at a time, to keep temporaries small.
+    """
+    size, n, pixels = rows.shape[0], rows.shape[1] - history_len, math.prod(frames.shape[1:])
+    lane = 8 * frames.dtype.itemsize
+
+    def frame(k: int) -> np.ndarray:  # frame `k` of every window, its bits as little-endian unsigned integers
+        return frames.take(rows[:, k], axis=0).reshape(size, pixels).view(f"<u{frames.dtype.itemsize}")
+
+    obs, nxt = np.empty((2, size, n, pixels), word)
+    for j in reversed(range(n)):
+        stack, following = obs[:, j], nxt[:, j]  # views: in-place operators on them write obs and nxt
+        if j == n - 1:
+            following[...] = frame(j + history_len)
+            for k in reversed(range(j + 1, j + history_len)):
+                following <<= lane
+                following |= frame(k)
+        else:
+            following[...] = obs[:, j + 1]
+        np.left_shift(following, lane, out=stack)
+        stack |= frame(j)
     return obs, nxt
 
 

@@ -35,12 +35,15 @@ frames it needs in one vectorised read. `BufferInfo.ids` are the global ids
 of the transitions' rows (`local id * batch_size + segment`), probabilities
 `1 / number of valid windows`.
 
-How it draws: single transitions take four uniform candidates per sample
-over the rows that could start one and keep the first valid candidate (a
-row with `first=True` is the usual miss); when a sample misses four times,
-the whole batch is redrawn exactly from a scan of every row. Windows of
-`num_steps > 1` always use the scan, which reads every row's episode index
-(`O(capacity)` per sample). `gather_all()` returns every valid transition,
+How it draws: each sample takes four uniform candidates over the rows
+that could start a window and keeps the first valid one (a window reaching
+back to an episode's first frame is the usual miss); when a sample misses
+four times, the whole batch is redrawn exactly from a scan of every row's
+episode index, `O(capacity)`. The count of valid windows (for emptiness and
+probabilities) comes from per-segment counts of rows by episode position,
+kept as rows are written, plus a look at each segment's oldest
+`history_len + num_steps - 1` rows; windows of 64 steps or more are counted
+by the scan. `gather_all()` returns every valid transition,
 `[num_transitions, ...]`, segment by segment, oldest first (rows are not
 rectangular once episodes differ); `as_dataset(single_deterministic_pass=True)`
 yields the same, or each episode's consecutive, non-overlapping windows.
@@ -170,13 +173,7 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
     def num_transitions(self) -> Any:
         """How many stored transitions can be drawn now (single steps)."""
 
-        def body() -> Any:
-            num_adds = self._read_num_adds()
-            return frame_index.count_valid_steps(
-                num_adds, self._read_nonfirst(), self._pos_at, self._max_length, self._history_len, self._ops
-            )
-
-        return self._exclusive(body)
+        return self._exclusive(lambda: self._count_windows(self._read_num_adds(), 1))
 
     def _max_window(self) -> int:
         return self._max_length - 1
@@ -202,10 +199,13 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
         Unbatched: one item. The TF twin checks `count > 0` afterwards (see `_guard`).
         """
         size = 1 if sample_batch_size is None else sample_batch_size
-        items, ids, probs, count = self._exclusive(lambda: self._sample_locked(size, num_steps))
+        items, ids, probs, count = self._sample_exclusive(size, num_steps)
         if sample_batch_size is None:
             items, ids, probs = tf.nest.map_structure(lambda x: x[0], (items, ids, probs))
         return items, ids, probs, count
+
+    def _sample_exclusive(self, size: int, num_steps: int | None) -> tuple[dict, Any, Any, Any]:
+        return self._exclusive(lambda: self._sample_locked(size, num_steps))
 
     def _sample_locked(self, size: int, num_steps: int | None) -> tuple[dict, Any, Any, Any]:
         num_adds = self._read_num_adds()
@@ -214,13 +214,11 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
         return self._draw_and_read(size, num_steps, num_adds, count) + (count,)
 
     def _count_windows(self, num_adds: Any, n: int) -> Any:
-        """How many valid windows of `n` transitions exist (a scan of `pos` when `n > 1`)."""
-        ops = self._ops
-        if n == 1:
-            return frame_index.count_valid_steps(
-                num_adds, self._read_nonfirst(), self._pos_at, self._max_length, self._history_len, ops
-            )
-        mask, _ = frame_index.valid_grid(num_adds, self._pos_at, self._max_length, self._history_len, n, False, ops)
+        """How many valid windows of `n` transitions exist (a scan of `pos` when `n >= POS_BINS`)."""
+        ops, length, h = self._ops, self._max_length, self._history_len
+        if n < frame_index.POS_BINS:
+            return frame_index.count_valid_windows(num_adds, self._read_pos_counts(), self._pos_at, length, h, n, ops)
+        mask, _ = frame_index.valid_grid(num_adds, self._pos_at, length, h, n, False, ops)
         return ops.sum(ops.to_int64(mask))
 
     def _draw_and_read(self, size: int, num_steps: int | None, num_adds: Any, count: Any) -> tuple[dict, Any, Any]:
@@ -229,16 +227,13 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
         Array code with static shapes: the TF twin compiles it with XLA.
         """
         n = num_steps or 1
-        if n == 1:
-            start, counts = frame_index.draw_range(num_adds, self._max_length, 1, self._ops)
-            segment, t, found = self._reject_draw(size, start, counts)
-            segment, t = self._cond(found, lambda: (segment, t), lambda: self._scan_draw(size, num_adds, 1, count))
-        else:
-            segment, t = self._scan_draw(size, num_adds, n, count)
+        start, counts = frame_index.draw_range(num_adds, self._max_length, n, self._ops)
+        segment, t, found = self._reject_draw(size, n, start, counts)
+        segment, t = self._cond(found, lambda: (segment, t), lambda: self._scan_draw(size, num_adds, n, count))
         items, ids = self._read_windows(segment, t, num_steps)
         return items, ids, self._ops.probability([size], count)
 
-    def _reject_draw(self, size: int, start: Any, counts: Any) -> tuple[Any, Any, Any]:
+    def _reject_draw(self, size: int, n: int, start: Any, counts: Any) -> tuple[Any, Any, Any]:
         """`_ROUNDS` uniform candidates per sample over window starts; the first valid wins.
 
         Each winner is uniform over the valid transitions; `found` is False when
@@ -249,8 +244,8 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
         segment, offset = frame_index.locate(draws, counts, ops)
         first_start = ops.gather(start, segment)
         t = first_start + offset
-        end_pos = self._pos_at(rows_of(t, segment, self._max_length, self._num_segments)[0])
-        ok = ops.reshape(frame_index.is_valid(t, end_pos, first_start - 1, self._history_len, 1), [rounds, size])
+        end_pos = self._pos_at(rows_of(t + (n - 1), segment, self._max_length, self._num_segments)[0])
+        ok = ops.reshape(frame_index.is_valid(t, end_pos, first_start - 1, self._history_len, n), [rounds, size])
         pick = ops.argmax0(ok) * size + ops.arange(size)
         return ops.gather(segment, pick), ops.gather(t, pick), ops.all(ops.any0(ok))
 
@@ -327,7 +322,8 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
     def _read_num_adds(self) -> Any: ...
 
     @abc.abstractmethod
-    def _read_nonfirst(self) -> Any: ...
+    def _read_pos_counts(self) -> Any:
+        """Live rows per segment and `frame_index.pos_bin`, `[num_segments, POS_BINS]`."""
 
     @abc.abstractmethod
     def _pos_at(self, rows: Any) -> Any:

@@ -69,7 +69,7 @@ class PyFrameReplayBuffer(FrameReplayBuffer):
         self._extras = NumpyStorage(self._specs.extras, self._capacity) if self._specs.extras else None
         self._pos = np.zeros([self._capacity], np.int32)
         self._num_adds = np.zeros([segments], np.int64)
-        self._nonfirst = np.zeros([segments], np.int64)
+        self._pos_counts = np.zeros([segments, frame_index.POS_BINS], np.int64)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
         self._checkpoint_state = NumpyCheckpointState(
@@ -77,7 +77,7 @@ class PyFrameReplayBuffer(FrameReplayBuffer):
             lambda: (
                 self._frames.arrays
                 + (self._extras.arrays if self._extras else [])
-                + [self._pos, self._num_adds, self._nonfirst]
+                + [self._pos, self._num_adds, self._pos_counts]
             ),
             self._rng,
         )
@@ -127,13 +127,13 @@ class PyFrameReplayBuffer(FrameReplayBuffer):
         skip = max(num_new - length, 0)
         new_min = n + num_new - min(n + num_new, length)
         dropped = np.arange(n - min(n, length), min(new_min, n))
-        lost = np.count_nonzero(self._pos[self._rows(dropped, segment)] >= 1)
+        lost = self._bin_counts(self._pos[self._rows(dropped, segment)])
         rows = self._rows(np.arange(n + skip, n + num_new), segment)
         self._frames.write(rows, [frame[skip:]])
         if self._extras:
             self._extras.write(rows, [x[skip:] for x in extras])
         self._pos[rows] = pos[skip:]
-        self._nonfirst[segment] += np.count_nonzero(pos[skip:] >= 1) - lost
+        self._pos_counts[segment] += self._bin_counts(pos[skip:]) - lost
         self._num_adds[segment] = n + num_new
 
     def _new_pos(self, segment: int, n: int, first: np.ndarray) -> np.ndarray:
@@ -142,6 +142,10 @@ class PyFrameReplayBuffer(FrameReplayBuffer):
         prev = int(self._pos[self._rows(n - 1, segment)]) if n > 0 else -1
         last_first = np.maximum.accumulate(np.where(first, step, -1))
         return np.where(last_first >= 0, step - last_first, np.minimum(prev + 1 + step, frame_index.POS_CAP))
+
+    @staticmethod
+    def _bin_counts(pos: np.ndarray) -> np.ndarray:
+        return np.bincount(frame_index.pos_bin(pos, np), minlength=frame_index.POS_BINS)
 
     def _rows(self, local: Any, segment: int) -> Any:
         return rows_of(local, segment, self._max_length, self._num_segments)[0]
@@ -178,13 +182,13 @@ class PyFrameReplayBuffer(FrameReplayBuffer):
     def _clear(self) -> None:
         with self._lock:
             self._num_adds[:] = 0
-            self._nonfirst[:] = 0
+            self._pos_counts[:] = 0
 
     def _read_num_adds(self) -> np.ndarray:
         return self._num_adds.copy()
 
-    def _read_nonfirst(self) -> np.ndarray:
-        return self._nonfirst
+    def _read_pos_counts(self) -> np.ndarray:
+        return self._pos_counts
 
     def _pos_at(self, rows: np.ndarray) -> np.ndarray:
         return self._pos[rows].astype(np.int64)

@@ -12,7 +12,7 @@ from tfreplay.frames import FrameReplayBuffer, empty_message
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
 from tfreplay.storage import TFStorage
-from tfreplay.uniform_tf import EagerFunctions, tf_exclusive
+from tfreplay.uniform_tf import EagerFunctions, locked_call, tf_exclusive
 
 
 class TFFrameReplayBuffer(FrameReplayBuffer):
@@ -77,7 +77,9 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
             )
             self._pos = tf.Variable(tf.zeros([self._capacity], tf.int32), trainable=False, name="pos")
             self._num_adds = tf.Variable(tf.zeros([batch_size], tf.int64), trainable=False, name="num_adds")
-            self._nonfirst = tf.Variable(tf.zeros([batch_size], tf.int64), trainable=False, name="nonfirst")
+            self._pos_counts = tf.Variable(
+                tf.zeros([batch_size, frame_index.POS_BINS], tf.int64), trainable=False, name="pos_counts"
+            )
             self._rng = (
                 tf.random.Generator.from_non_deterministic_state()
                 if seed is None
@@ -85,11 +87,6 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
             )
         self._lock = tf.CriticalSection(name="lock")
         self._eager = EagerFunctions()
-        # One argument-free tf.function per (sample_batch_size, num_steps): binding Python
-        # arguments costs a tf.function call more than a small sample takes to draw.
-        # Counting, drawing and reading in one XLA program: fewer, fused kernels. The lock
-        # and the emptiness check (XLA has neither) stay outside.
-        self._compiled_sample = tf.function(self._count_and_draw, jit_compile=True)
 
     @property
     def nbytes(self) -> int:
@@ -112,7 +109,7 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
             return self._write(frame, first, extras)
 
     def _write(self, frame: tf.Tensor, first: tf.Tensor, extras: list) -> tf.Tensor:
-        """Appends one row to every segment; keeps `pos` and the non-first count."""
+        """Appends one row to every segment; keeps `pos` and the live rows' counts by `pos`."""
         length, segments = self._max_length, self._num_segments
 
         def body() -> tf.Tensor:
@@ -121,12 +118,17 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
             rows = rows_of(num_adds, segment, length, segments)[0]
             prev = self._pos_at(rows_of(num_adds - 1, segment, length, segments)[0])
             pos = tf.where(first | (num_adds == 0), tf.zeros_like(prev), tf.minimum(prev + 1, frame_index.POS_CAP))
-            dropped = (num_adds >= length) & (self._pos_at(rows) >= 1)
-            with tf.control_dependencies([pos, dropped]):
+            # The row written over (when the segment is full) leaves the counts; the new one joins them.
+            bins = tf.stack(
+                [frame_index.pos_bin(pos, self._ops), frame_index.pos_bin(self._pos_at(rows), self._ops)], 1
+            )
+            counted = tf.stack([tf.ones_like(num_adds), -tf.cast(num_adds >= length, tf.int64)], 1)
+            with tf.control_dependencies([pos, bins]):
                 updates = self._frames.write(rows, [frame])
                 updates += self._extras.write(rows, extras) if self._extras else []
                 updates.append(self._pos.scatter_update(tf.IndexedSlices(tf.cast(pos, tf.int32), rows)))
-                updates.append(self._nonfirst.assign_add(tf.cast(pos >= 1, tf.int64) - tf.cast(dropped, tf.int64)))
+                at = tf.stack([tf.tile(segment[:, None], [1, 2]), bins], -1)
+                updates.append(self._pos_counts.scatter_nd_add(tf.reshape(at, [-1, 2]), tf.reshape(counted, [-1])))
             with tf.control_dependencies(updates):
                 return self._num_adds.assign_add(tf.ones_like(num_adds)).read_value()
 
@@ -140,16 +142,11 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
             items, info = self._sample_tensors(sample_batch_size, num_steps)
         else:
             # Eagerly the emptiness check is a Python test of the count: cheaper than graph assertions.
-            items, ids, probs, count = self._sample_fn(sample_batch_size, num_steps)()
+            items, ids, probs, count = self._sample(sample_batch_size, num_steps)
             if count.numpy() == 0:
                 raise ValueError(empty_message("get_next", num_steps))
             info = BufferInfo(ids=ids, probabilities=probs)
         return self._package(items, info, sample_batch_size is not None, num_steps, time_stacked)
-
-    def _sample_fn(self, sample_batch_size: int | None, num_steps: int | None) -> Callable[[], Any]:
-        return self._eager.get(
-            f"sample/{sample_batch_size}/{num_steps}", lambda: self._sample(sample_batch_size, num_steps)
-        )
 
     def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
         with tf.device(self._device), tf.name_scope(self._scope):
@@ -159,13 +156,22 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
 
     def _clear(self) -> Any:
         def body() -> tf.Tensor:
-            with tf.control_dependencies([self._nonfirst.assign(tf.zeros_like(self._nonfirst))]):
+            with tf.control_dependencies([self._pos_counts.assign(tf.zeros_like(self._pos_counts))]):
                 return self._num_adds.assign(tf.zeros_like(self._num_adds)).read_value()
 
         return self._exclusive(body)
 
-    def _sample_locked(self, size: int, num_steps: int | None) -> tuple[dict, tf.Tensor, tf.Tensor, tf.Tensor]:
-        return tuple(self._compiled_sample(size, num_steps))
+    def _sample_exclusive(self, size: int, num_steps: int | None) -> tuple[dict, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Counting, drawing and reading as one XLA program, called under the lock.
+
+        One argument-free concrete function per `(size, num_steps)`, compiled on
+        first use: fewer, fused kernels, and no argument binding per call. The
+        lock and the emptiness check (XLA has neither) stay outside.
+        """
+        call = self._eager.get(
+            f"sample/{size}/{num_steps}", lambda: self._count_and_draw(size, num_steps), jit_compile=True
+        )
+        return tuple(locked_call(self._lock, call))
 
     def _count_and_draw(self, size: int, num_steps: int | None) -> tuple:
         """The sample and the count of valid windows; zeros (no draw) when there are none."""
@@ -186,8 +192,8 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
     def _read_num_adds(self) -> tf.Tensor:
         return self._num_adds.read_value()
 
-    def _read_nonfirst(self) -> tf.Tensor:
-        return self._nonfirst.read_value()
+    def _read_pos_counts(self) -> tf.Tensor:
+        return self._pos_counts.read_value()
 
     def _pos_at(self, rows: tf.Tensor) -> tf.Tensor:
         return tf.cast(tf.gather(self._pos, rows), tf.int64)

@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover
 
 
 class EagerFunctions:
-    """Concrete functions traced once per key, for eager calls.
+    """Concrete functions traced once per key, for eager calls (graphs may call them too).
 
     A concrete function is cheaper per call than a polymorphic `tf.function`,
     which re-checks its signature every time. Kept out of `tf.Module` tracking:
@@ -31,18 +31,44 @@ class EagerFunctions:
     def __init__(self) -> None:
         self._fns: dict[str, Any] = {}
 
-    def get(self, key: str, fn: Callable, *signature: Any) -> Any:
-        """The concrete function of `fn` for `key`, traced on first use."""
+    def get(self, key: str, fn: Callable, *signature: Any, jit_compile: bool = False) -> Any:
+        """The concrete function of `fn` for `key`, traced (and compiled) on first use."""
         if key not in self._fns:
-            self._fns[key] = tf.function(fn, autograph=False).get_concrete_function(*signature)
+            traced = tf.function(fn, autograph=False, jit_compile=jit_compile)
+            self._fns[key] = traced.get_concrete_function(*signature)
         return self._fns[key]
+
+
+def _under_xla() -> bool:
+    return not tf.executing_eagerly() and _in_xla_graph(tf.compat.v1.get_default_graph())
 
 
 def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
     """Runs `fn` in `lock`, except under XLA, which has no mutex op."""
-    if not tf.executing_eagerly() and _in_xla_graph(tf.compat.v1.get_default_graph()):
-        return fn()
-    return lock.execute(fn)
+    return fn() if _under_xla() else lock.execute(fn)
+
+
+def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
+    """`call()`, one compiled function call, holding `lock`'s mutex.
+
+    `CriticalSection.execute` adds identity ops around every output: a dozen
+    eager ops per sample, slower than the sample itself. Around one call, the
+    mutex ops alone keep the order: the call waits for the lock, the release
+    waits for the call's outputs. It is the section's own mutex, so this
+    excludes `execute` callers as well. Eagerly, dropping the lock tensor
+    releases the mutex, also when `call` raises.
+    """
+    if _under_xla():
+        return call()
+    held = tf.raw_ops.MutexLock(mutex=lock._handle)
+    try:
+        with tf.control_dependencies([held]):
+            out = call()
+        with tf.control_dependencies(tf.nest.flatten(out)):
+            tf.raw_ops.ConsumeMutexLock(mutex_lock=held)  # stateful: tf.function always runs it
+    finally:
+        del held
+    return out
 
 
 class TFUniformReplayBuffer(RingBuffer):
