@@ -21,8 +21,8 @@ Sampling (batches of 32 transitions, history_len=4, times per `get_next` call)
             x 5,000 rows, filled with `add_batch` (episodes of 500 steps).
   Both are timed in alternating blocks (`benchmarks.timing.compare`), so load
   from other processes hits both; "x" is baseline time / subject time (above 1:
-  the frame buffer is faster). Also: the NumPy twins, `num_steps=2` windows
-  (which scan every row's episode index), a dataset's `next()`, and the 1M
+  the frame buffer is faster). Also: the NumPy twins, `num_steps=2` windows,
+  a dataset's `next()`, and the 1M
   buffer (its counters set directly, frames left zero: that measures sampling
   over 7 GB of real pages without a 1M-call fill).
 """
