@@ -151,6 +151,31 @@ def test_step_count_is_init_plus_k_update_frequency():
         assert er.num_transitions_added == 37 + 5 * 5
 
 
+def test_episode_stats_follow_the_episodes_the_envs_finished():
+    envs, make_env = [], factory()
+
+    def get_player():
+        envs.append(make_env())
+        return envs[-1]
+
+    with replay(get_player=get_player, init_memory_size=60, update_frequency=10) as er:
+        assert er.episode_stats()["num_episodes"] == 0
+        batches = iter(er)
+        for _ in range(4):
+            next(batches)
+        er.join()
+        stats = er.episode_stats()
+    # The envs' own record: episode e of player p lasted episode_length(p, e) steps.
+    lengths = [episode_length(env.player, e) for env in envs for e in range(env.episode)]
+    assert stats["num_episodes"] == len(lengths) > 5
+    assert stats["mean_length"] == pytest.approx(np.mean(lengths))
+    # Rewards are t + action / 10, so a return lies between sum(t) and sum(t) + 0.2 * length.
+    low = [n * (n + 1) / 2 for n in lengths]
+    assert max(low) <= stats["max_return"] <= max(low) + 0.2 * max(lengths)
+    assert np.mean(low) <= stats["mean_return"] <= np.mean(low) + 0.2 * np.mean(lengths)
+    assert er.episode_stats()["num_episodes"] == 0  # reset by the read above
+
+
 def check_batch(batch, history_len: int) -> dict:
     """Checks every transition against the frames its env produced; returns what it saw."""
     state, action, reward, next_state, is_over = (np.asarray(x) for x in batch)

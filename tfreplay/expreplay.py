@@ -49,6 +49,7 @@ class _Player:
         self.rng = np.random.default_rng(None if seed is None else [seed, index])
         self.history_len = history_len
         self.frames: list[np.ndarray] = []
+        self.episode_return, self.episode_length = 0.0, 0
 
     def start(self, frame: np.ndarray) -> None:
         self.frames = [frame]
@@ -127,6 +128,7 @@ class ExpReplay:
         self._jobs: queue.Queue = queue.Queue()
         self._count_lock = threading.Lock()
         self._steps = [0] * num_parallel_players
+        self._finished: list[tuple[float, int]] = []  # (return, length) of finished episodes
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._error: BaseException | None = None
@@ -152,6 +154,26 @@ class ExpReplay:
     def steps_per_player(self) -> list[int]:
         with self._count_lock:
             return list(self._steps)
+
+    def episode_stats(self, reset: bool = True) -> dict[str, float]:
+        """Episodes the players finished since the last reset, as tensorpack logs them.
+
+        `{"num_episodes", "mean_return", "max_return", "mean_length"}` (NaN
+        when none finished). A training loop reads it every few thousand
+        steps to follow learning; `reset=False` keeps counting.
+        """
+        with self._count_lock:
+            finished = list(self._finished)
+            if reset:
+                self._finished.clear()
+        returns = np.array([r for r, _ in finished], np.float64)
+        lengths = np.array([n for _, n in finished], np.float64)
+        return {
+            "num_episodes": float(len(finished)),
+            "mean_return": float(returns.mean()) if finished else float("nan"),
+            "max_return": float(returns.max()) if finished else float("nan"),
+            "mean_length": float(lengths.mean()) if finished else float("nan"),
+        }
 
     def start(self) -> None:
         """Starts the player threads and fills the initial memory (once; iteration calls it)."""
@@ -249,13 +271,20 @@ class ExpReplay:
         obs, reward, terminated, truncated, _ = player.env.step(action)
         rows = [self._row(obs, False, action, float(reward), bool(terminated), bool(truncated))]
         player.push(obs)
+        player.episode_return += float(reward)
+        player.episode_length += 1
+        finished = None
         if terminated or truncated:
+            finished = (player.episode_return, player.episode_length)
+            player.episode_return, player.episode_length = 0.0, 0
             obs, _ = player.env.reset()
             rows.append(self._row(obs, True))
             player.start(obs)
         self.buffer.add_sequence({k: np.stack([r[k] for r in rows]) for k in rows[0]}, segment=player.index)
         with self._count_lock:
             self._steps[player.index] += 1
+            if finished is not None:
+                self._finished.append(finished)
 
     def _row(
         self,
