@@ -229,6 +229,17 @@ def test_get_next_inside_tf_function_matches_the_reference():
     ref.check(items, info.ids.numpy())
 
 
+def test_get_next_under_xla_matches_the_reference_and_an_empty_buffer_gives_zeros():
+    rb, ref = filled("tf", 3, 12, 4, 40)
+    for num_steps in (None, 2):
+        items, info = tf.function(lambda n=num_steps: rb.get_next(16, num_steps=n), jit_compile=True)()
+        ref.check(items, info.ids.numpy())
+    empty = make_buffer("tf", 2, 8, 4)
+    items, info = tf.function(lambda: empty.get_next(4), jit_compile=True)()  # XLA cannot raise
+    assert not any(np.asarray(x).any() for x in tf.nest.flatten(items))
+    np.testing.assert_array_equal(info.probabilities, 0)
+
+
 def test_add_batch_inside_tf_function():
     rng = np.random.default_rng(3)
     streams = [make_stream(rng, s, 20) for s in range(2)]
