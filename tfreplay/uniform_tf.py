@@ -31,7 +31,7 @@ class EagerFunctions:
     def __init__(self) -> None:
         self._fns: dict[str, Any] = {}
 
-    def get(self, key: str, fn: Callable, *signature: Any, jit_compile: bool = False) -> Any:
+    def get(self, key: str, fn: Callable, *signature: Any, jit_compile: bool | None = None) -> Any:
         """The concrete function of `fn` for `key`, traced (and compiled) on first use."""
         if key not in self._fns:
             traced = tf.function(fn, autograph=False, jit_compile=jit_compile)
