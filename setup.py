@@ -22,6 +22,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfreplay", "tfreplay.*"]),
+    package_data={"tfreplay": ["kernels/*.cc"]},  # the frame-stacking kernel, compiled on first use
     python_requires=">=3.9",
     install_requires=[
         "tensorflow>=2.15",

@@ -24,7 +24,9 @@ Sampling (batches of 32 transitions, history_len=4, times per `get_next` call)
   the frame buffer is faster). Also: the NumPy twins, `num_steps=2` windows,
   a dataset's `next()`, and the 1M
   buffer (its counters set directly, frames left zero: that measures sampling
-  over 7 GB of real pages without a 1M-call fill).
+  over 7 GB of real pages without a 1M-call fill). A last row times NumPy's
+  random reads alone (`read_floors`): what any frame sampler must read,
+  against what the uniform buffer reads.
 """
 
 from __future__ import annotations
@@ -115,6 +117,27 @@ def sampling_rows(repeats: int, block: float) -> list:
     return out, uniform_tf
 
 
+def read_floors(repeats: int, block: float) -> list:
+    """NumPy's random reads alone: the frames a batch shows against the uniform buffer's rows.
+
+    A batch of 32 shows 160 frames of 7 KB (history_len + 1 per transition);
+    the uniform buffer reads 64 rows of 28 KB (observation and next
+    observation). Fresh random rows every call, from arrays the size of the
+    benchmark's buffers, so the reads come from memory, not cache.
+    """
+    rng = np.random.default_rng(1)
+    frames = rng.integers(0, 256, (SEGMENTS * ROWS + 1, 84, 84), dtype=np.uint8)
+    stacks = rng.integers(0, 256, (SEGMENTS * ROWS, 84, 84, HISTORY), dtype=np.uint8)
+    frame_rows = BATCH * (HISTORY + 1)
+    ours, base = compare(
+        Bench(lambda: frames.take(rng.integers(0, len(frames), frame_rows), axis=0)),
+        Bench(lambda: stacks.take(rng.integers(0, len(stacks), 2 * BATCH), axis=0)),
+        repeats,
+        block,
+    )
+    return [(f"NumPy take: {frame_rows} frames vs {2 * BATCH} stacks", ours.median, base.median, ours.spread)]
+
+
 def big_buffer(repeats: int, block: float, baseline) -> tuple[list, list]:
     """Allocates the 1M-frame buffer once: its memory, then its sampling speed."""
     gc.collect()
@@ -153,6 +176,7 @@ def main() -> None:
     parser.add_argument("--block", type=float, default=0.3, help="seconds per timed block")
     args = parser.parse_args()
     speed, baseline = sampling_rows(args.repeats, args.block)
+    speed += read_floors(args.repeats, args.block)
     memory = []
     if not args.quick:
         memory, big = big_buffer(args.repeats, args.block, baseline)

@@ -8,6 +8,8 @@ from `pos`: the buffers must return exactly its stacks for the ids they draw.
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 
 import numpy as np
@@ -16,11 +18,11 @@ import scipy.stats
 import tensorflow as tf
 from test_concurrency import run_threads
 
-from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec, frame_index
+from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec, frame_index, native
 
 FRAME = (2, 3)
 EXTRAS = ("action", "reward", "terminated", "truncated")
-TWINS = ["tf", "py"]
+TWINS = ["tf", "tf-xla", "py"]  # tf: stacks from the native kernel; tf-xla: from XLA
 
 
 def frame_of(segment: int, local: np.ndarray) -> np.ndarray:
@@ -113,8 +115,10 @@ class Reference:
 
 def make_buffer(twin: str, num_segments: int, max_length: int, history_len: int, seed: int = 0):
     spec = frame_data_spec(FRAME)
-    if twin == "tf":
-        return TFFrameReplayBuffer(spec, num_segments, max_length, history_len=history_len, seed=seed)
+    if twin.startswith("tf"):
+        rb = TFFrameReplayBuffer(spec, num_segments, max_length, history_len=history_len, seed=seed)
+        rb._native_stacks = twin == "tf"
+        return rb
     return PyFrameReplayBuffer(spec, batch_size=num_segments, max_length=max_length, history_len=history_len, seed=seed)
 
 
@@ -328,7 +332,7 @@ def test_readers_racing_a_writer_through_wrap_around_get_whole_stacks(twin):
     for i in range(12):
         rb.add_batch(row(streams, i))
     draws = [lambda: rb.get_next(16), lambda: rb.get_next(8, num_steps=2), iter(rb.as_dataset(8, 2, 2)).__next__]
-    if twin == "tf":
+    if twin.startswith("tf"):
         draws.append(tf.function(lambda: rb.get_next(16)))
     for draw in draws:
         draw()  # trace and compile before the threads start
@@ -437,7 +441,7 @@ def test_empty_or_firsts_only_or_too_short_episodes_cannot_be_sampled(twin):
     assert np.asarray(rb.get_next()[1].ids) == 2
     with pytest.raises(ValueError, match="no valid window of 2 transitions of one episode yet"):
         rb.get_next(sample_batch_size=3, num_steps=2)
-    if twin == "tf":
+    if twin.startswith("tf"):
         with pytest.raises(tf.errors.InvalidArgumentError, match="no valid window of 2 transitions"):
             tf.function(lambda: rb.get_next(sample_batch_size=3, num_steps=2))()
 
@@ -483,12 +487,12 @@ def test_a_rejected_batch_names_the_field_and_changes_nothing(twin, case):
 
 @pytest.mark.parametrize("twin", TWINS)
 def test_bad_construction_and_sampling_arguments(twin):
-    cls = TFFrameReplayBuffer if twin == "tf" else PyFrameReplayBuffer
+    cls = TFFrameReplayBuffer if twin.startswith("tf") else PyFrameReplayBuffer
     where = cls.__name__
     spec = frame_data_spec(FRAME)
 
     def build(data_spec=spec, history_len=4, max_length=10):
-        if twin == "tf":
+        if twin.startswith("tf"):
             return cls(data_spec, 1, max_length, history_len=history_len)
         return cls(data_spec, batch_size=1, max_length=max_length, history_len=history_len)
 
@@ -545,3 +549,36 @@ def test_np_stacks_have_the_bits_of_naive_stacks(dtype, history_len, num_steps):
         want = want[:, 0] if num_steps is None else want
         assert got.dtype == frames.dtype and got.shape == want.shape
         assert got.tobytes() == want.astype(frames.dtype).tobytes()
+
+
+def test_the_native_kernel_is_built_where_a_compiler_is():
+    if shutil.which(os.environ.get("CXX") or "g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: the buffer stacks frames with XLA")
+    assert native.frame_stack() is not None
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.uint16, np.float32])
+@pytest.mark.parametrize("history_len", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("num_steps", [None, 1, 3])
+def test_native_stacks_equal_numpy_stacks(dtype, history_len, num_steps):
+    stack = native.frame_stack()
+    if stack is None:
+        pytest.skip("native kernel not built")
+    rng = np.random.default_rng(1)
+    frames = rng.integers(0, 2, (20, 2, 3)).astype(dtype) if dtype is np.bool_ else rng.normal(size=(20, 2, 3)) * 300
+    frames = np.asarray(frames).astype(dtype)
+    rows = rng.integers(0, 20, (7, history_len + (num_steps or 1)))
+    variable = tf.Variable(frames)
+    got = stack(variable.handle, rows, T=variable.dtype, history_len=history_len, time_axis=num_steps is not None)
+    for g, w in zip(got, frame_index.np_stacks(frames, rows, history_len, num_steps)):
+        assert g.dtype == variable.dtype and g.shape == w.shape
+        assert g.numpy().tobytes() == w.tobytes()
+
+
+def test_native_kernel_rejects_rows_outside_the_frames():
+    stack = native.frame_stack()
+    if stack is None:
+        pytest.skip("native kernel not built")
+    variable = tf.Variable(np.zeros((5, 2, 2), np.uint8))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"rows\[1, 2\] = 5 is not in \[0, 5\)"):
+        stack(variable.handle, [[0, 1, 2], [0, 1, 5]], T=tf.uint8, history_len=2, time_axis=False)

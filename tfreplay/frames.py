@@ -226,12 +226,14 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
 
         Array code with static shapes: the TF twin compiles it with XLA.
         """
-        n = num_steps or 1
+        items, ids = self._read_windows(*self._draw_windows(size, num_steps or 1, num_adds, count), num_steps)
+        return items, ids, self._ops.probability([size], count)
+
+    def _draw_windows(self, size: int, n: int, num_adds: Any, count: Any) -> tuple[Any, Any]:
+        """`(segment, t)` of `size` windows of `n` steps, uniform among the `count > 0` valid ones."""
         start, counts = frame_index.draw_range(num_adds, self._max_length, n, self._ops)
         segment, t, found = self._reject_draw(size, n, start, counts)
-        segment, t = self._cond(found, lambda: (segment, t), lambda: self._scan_draw(size, num_adds, n, count))
-        items, ids = self._read_windows(segment, t, num_steps)
-        return items, ids, self._ops.probability([size], count)
+        return self._cond(found, lambda: (segment, t), lambda: self._scan_draw(size, num_adds, n, count))
 
     def _reject_draw(self, size: int, n: int, start: Any, counts: Any) -> tuple[Any, Any, Any]:
         """`_ROUNDS` uniform candidates per sample over window starts; the first valid wins.
@@ -271,17 +273,22 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
 
         The frames come in one gather of `B * (history_len + n)` rows.
         """
+        rows, extras, step_ids = self._window_parts(segment, t, num_steps)
+        obs, nxt = self._stacks(rows, num_steps)
+        return {"observation": obs, "next_observation": nxt, **extras}, step_ids
+
+    def _window_parts(self, segment: Any, t: Any, num_steps: int | None) -> tuple[Any, dict, Any]:
+        """Under the lock: the windows' frame rows (`frame_index.frame_rows`), step entries and global ids."""
         ops, h, n = self._ops, self._history_len, num_steps or 1
         length, segments = self._max_length, self._num_segments
         end = t + (n - 1)
         episode_start = end - self._pos_at(rows_of(end, segment, length, segments)[0])
         rows = frame_index.frame_rows(t, segment, episode_start, self._capacity, h, n, length, segments, ops)
-        obs, nxt = self._stacks(rows, num_steps)
         step_rows, step_ids = rows_of(t[:, None] + ops.arange(n)[None, :], segment[:, None], length, segments)
         if num_steps is None:
             step_rows, step_ids = step_rows[:, 0], step_ids[:, 0]
         extras = tf.nest.pack_sequence_as(self._specs.extras, self._gather_extras(step_rows))
-        return {"observation": obs, "next_observation": nxt, **extras}, step_ids
+        return rows, extras, step_ids
 
     def _package(
         self, items: dict, info: BufferInfo, batched: bool, num_steps: int | None, time_stacked: bool

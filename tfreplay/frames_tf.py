@@ -6,13 +6,13 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay import frame_index, specs
+from tfreplay import frame_index, native, specs
 from tfreplay.frame_index import rows_of
 from tfreplay.frames import FrameReplayBuffer, empty_message
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
 from tfreplay.storage import TFStorage
-from tfreplay.uniform_tf import EagerFunctions, locked_call, tf_exclusive
+from tfreplay.uniform_tf import EagerFunctions, locked_call, tf_exclusive, under_xla
 
 
 class TFFrameReplayBuffer(FrameReplayBuffer):
@@ -87,6 +87,7 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
             )
         self._lock = tf.CriticalSection(name="lock")
         self._eager = EagerFunctions()
+        self._native_stacks = True  # tests turn it off to check the XLA stacks
 
     @property
     def nbytes(self) -> int:
@@ -162,16 +163,50 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
         return self._exclusive(body)
 
     def _sample_exclusive(self, size: int, num_steps: int | None) -> tuple[dict, tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Counting, drawing and reading as one XLA program, called under the lock.
+        """The sample under the lock: counting and drawing as one XLA program, then stacking.
 
         One argument-free concrete function per `(size, num_steps)`, compiled on
         first use: fewer, fused kernels, and no argument binding per call. The
+        stacks come from the native kernel (`native.py`) when it is built, else
+        from the XLA program itself (always under an outer `jit_compile`). The
         lock and the emptiness check (XLA has neither) stay outside.
         """
-        call = self._eager.get(
-            f"sample/{size}/{num_steps}", lambda: self._count_and_draw(size, num_steps), jit_compile=True
+        stack = native.frame_stack() if self._native_stacks else None
+        if stack is None or under_xla():
+            call = self._eager.get(
+                f"sample/{size}/{num_steps}", lambda: self._count_and_draw(size, num_steps), jit_compile=True
+            )
+            return tuple(locked_call(self._lock, call))
+        return tuple(
+            self._eager.get(f"native/{size}/{num_steps}", lambda: self._native_sample(stack, size, num_steps))()
         )
-        return tuple(locked_call(self._lock, call))
+
+    def _native_sample(self, stack: Any, size: int, num_steps: int | None) -> tuple:
+        """Graph body: under the lock, the compiled draw gives frame rows, the kernel stacks them."""
+        draw = self._eager.get(
+            f"rows/{size}/{num_steps}", lambda: self._count_and_draw_rows(size, num_steps), jit_compile=True
+        )
+
+        def locked() -> tuple:
+            rows, extras, ids, probs, count = draw()
+            frames = self._frames.variables_by_leaf[0]
+            obs, nxt = stack(
+                frames.handle, rows, T=frames.dtype, history_len=self._history_len, time_axis=num_steps is not None
+            )
+            return {"observation": obs, "next_observation": nxt, **extras}, ids, probs, count
+
+        return locked_call(self._lock, locked)
+
+    def _count_and_draw_rows(self, size: int, num_steps: int | None) -> tuple:
+        """`(frame rows, step entries, ids, probabilities, count)`; with no valid window, rows of nothing drawn."""
+        num_adds = self._num_adds.read_value()
+        count = self._count_windows(num_adds, num_steps or 1)
+        zeros = tf.zeros([size], tf.int64)
+        segment, t = tf.cond(
+            count > 0, lambda: self._draw_windows(size, num_steps or 1, num_adds, count), lambda: (zeros, zeros)
+        )
+        rows, extras, ids = self._window_parts(segment, t, num_steps)
+        return rows, extras, ids, self._ops.probability([size], count), count
 
     def _count_and_draw(self, size: int, num_steps: int | None) -> tuple:
         """The sample and the count of valid windows; zeros (no draw) when there are none."""

@@ -39,13 +39,14 @@ class EagerFunctions:
         return self._fns[key]
 
 
-def _under_xla() -> bool:
+def under_xla() -> bool:
+    """Whether ops are being traced into an XLA (`jit_compile`) function."""
     return not tf.executing_eagerly() and _in_xla_graph(tf.compat.v1.get_default_graph())
 
 
 def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
     """Runs `fn` in `lock`, except under XLA, which has no mutex op."""
-    return fn() if _under_xla() else lock.execute(fn)
+    return fn() if under_xla() else lock.execute(fn)
 
 
 def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
@@ -58,7 +59,7 @@ def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
     excludes `execute` callers as well. Eagerly, dropping the lock tensor
     releases the mutex, also when `call` raises.
     """
-    if _under_xla():
+    if under_xla():
         return call()
     held = tf.raw_ops.MutexLock(mutex=lock._handle)
     try:
