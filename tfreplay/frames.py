@@ -48,8 +48,9 @@ by the scan. `gather_all()` returns every valid transition,
 rectangular once episodes differ); `as_dataset(single_deterministic_pass=True)`
 yields the same, or each episode's consecutive, non-overlapping windows.
 
-Twins: `TFFrameReplayBuffer` (`frames_tf.py`) keeps rows in `tf.Variable`s
-and compiles each sampling shape with XLA on first use (about a second);
+Twins: `TFFrameReplayBuffer` (`frames_tf.py`) keeps rows in `tf.Variable`s,
+compiles each sampling shape's draw with XLA on first use (about a second)
+and stacks with the native kernel of `native.py` (XLA stacks without it);
 `PyFrameReplayBuffer` (`frames_py.py`) keeps NumPy arrays and can also
 append rows to one segment at a time (`add_sequence`), so environments may
 advance at their own pace.
