@@ -582,3 +582,14 @@ def test_native_kernel_rejects_rows_outside_the_frames():
     variable = tf.Variable(np.zeros((5, 2, 2), np.uint8))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"rows\[1, 2\] = 5 is not in \[0, 5\)"):
         stack(variable.handle, [[0, 1, 2], [0, 1, 5]], T=tf.uint8, history_len=2, time_axis=False)
+
+
+def test_native_kernel_falls_back_to_xla_when_it_cannot_be_built(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
+    assert native._load() is None
+    monkeypatch.delenv("TFREPLAY_NATIVE")
+    monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
+    assert native._load() is None
+    assert "building the frame-stacking kernel failed; using XLA instead" in caplog.text
+    assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later

@@ -59,9 +59,12 @@ def _load() -> Any:
             cache.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:  # build aside, then move: atomic for other processes
                 built = pathlib.Path(tmp) / library.name
-                subprocess.run(
-                    [compiler, str(_SOURCE), "-o", str(built), *flags], check=True, capture_output=True, text=True
-                )
+                command = [compiler, str(_SOURCE), "-o", str(built), *flags]
+                try:
+                    subprocess.run(command, check=True, capture_output=True, text=True)
+                except subprocess.CalledProcessError:  # a compiler without -march=native: build generic code
+                    command.remove("-march=native")
+                    subprocess.run(command, check=True, capture_output=True, text=True)
                 os.replace(built, library)
         return tf.load_op_library(str(library)).tfreplay_frame_stack
     except (OSError, subprocess.CalledProcessError, tf.errors.NotFoundError) as err:
