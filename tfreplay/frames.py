@@ -209,10 +209,15 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
         return self._exclusive(lambda: self._sample_locked(size, num_steps))
 
     def _sample_locked(self, size: int, num_steps: int | None) -> tuple[dict, Any, Any, Any]:
+        """Counts, draws `size` windows uniformly among the valid ones and reads them.
+
+        The TF twin compiles the same steps with XLA (`frames_tf._draw_rows`).
+        """
         num_adds = self._read_num_adds()
         count = self._count_windows(num_adds, num_steps or 1)
         count = self._guard(count, count, num_steps)
-        return self._draw_and_read(size, num_steps, num_adds, count) + (count,)
+        items, ids = self._read_windows(*self._draw_windows(size, num_steps or 1, num_adds, count), num_steps)
+        return items, ids, self._ops.probability([size], count), count
 
     def _count_windows(self, num_adds: Any, n: int) -> Any:
         """How many valid windows of `n` transitions exist (a scan of `pos` when `n >= POS_BINS`)."""
@@ -221,14 +226,6 @@ class FrameReplayBuffer(SegmentedReplayBuffer):
             return frame_index.count_valid_windows(num_adds, self._read_pos_counts(), self._pos_at, length, h, n, ops)
         mask, _ = frame_index.valid_grid(num_adds, self._pos_at, length, h, n, False, ops)
         return ops.sum(ops.to_int64(mask))
-
-    def _draw_and_read(self, size: int, num_steps: int | None, num_adds: Any, count: Any) -> tuple[dict, Any, Any]:
-        """Draws `size` windows uniformly among the `count > 0` valid ones and reads them.
-
-        Array code with static shapes: the TF twin compiles it with XLA.
-        """
-        items, ids = self._read_windows(*self._draw_windows(size, num_steps or 1, num_adds, count), num_steps)
-        return items, ids, self._ops.probability([size], count)
 
     def _draw_windows(self, size: int, n: int, num_adds: Any, count: Any) -> tuple[Any, Any]:
         """`(segment, t)` of `size` windows of `n` steps, uniform among the `count > 0` valid ones."""

@@ -173,8 +173,11 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
         """
         stack = native.frame_stack() if self._native_stacks else None
         if stack is None or under_xla():
+            xla_stacks = lambda rows: self._stacks(rows, num_steps)  # noqa: E731
             call = self._eager.get(
-                f"sample/{size}/{num_steps}", lambda: self._count_and_draw(size, num_steps), jit_compile=True
+                f"sample/{size}/{num_steps}",
+                lambda: self._stacked(self._draw_rows(size, num_steps), xla_stacks),
+                jit_compile=True,
             )
             return tuple(locked_call(self._lock, call))
         return tuple(
@@ -183,46 +186,38 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
 
     def _native_sample(self, stack: Any, size: int, num_steps: int | None) -> tuple:
         """Graph body: under the lock, the compiled draw gives frame rows, the kernel stacks them."""
-        draw = self._eager.get(
-            f"rows/{size}/{num_steps}", lambda: self._count_and_draw_rows(size, num_steps), jit_compile=True
-        )
+        draw = self._eager.get(f"rows/{size}/{num_steps}", lambda: self._draw_rows(size, num_steps), jit_compile=True)
 
-        def locked() -> tuple:
-            rows, extras, ids, probs, count = draw()
+        def kernel(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             frames = self._frames.variables_by_leaf[0]
-            obs, nxt = stack(
-                frames.handle, rows, T=frames.dtype, history_len=self._history_len, time_axis=num_steps is not None
-            )
-            return {"observation": obs, "next_observation": nxt, **extras}, ids, probs, count
+            time_axis = num_steps is not None
+            return stack(frames.handle, rows, T=frames.dtype, history_len=self._history_len, time_axis=time_axis)
 
-        return locked_call(self._lock, locked)
+        return locked_call(self._lock, lambda: self._stacked(draw(), kernel))
 
-    def _count_and_draw_rows(self, size: int, num_steps: int | None) -> tuple:
-        """`(frame rows, step entries, ids, probabilities, count)`; with no valid window, rows of nothing drawn."""
+    def _draw_rows(self, size: int, num_steps: int | None) -> tuple:
+        """`(frame rows, step entries, ids, probabilities, count of valid windows)`.
+
+        XLA cannot raise, so with no valid window nothing is drawn: the rows are
+        the zero row and the entries, ids and probabilities are zeros.
+        """
         num_adds = self._num_adds.read_value()
         count = self._count_windows(num_adds, num_steps or 1)
-        zeros = tf.zeros([size], tf.int64)
+        found, zeros = count > 0, tf.zeros([size], tf.int64)
         segment, t = tf.cond(
-            count > 0, lambda: self._draw_windows(size, num_steps or 1, num_adds, count), lambda: (zeros, zeros)
+            found, lambda: self._draw_windows(size, num_steps or 1, num_adds, count), lambda: (zeros, zeros)
         )
         rows, extras, ids = self._window_parts(segment, t, num_steps)
+        rows = tf.where(found, rows, tf.constant(self._capacity, tf.int64))
+        extras, ids = tf.nest.map_structure(lambda x: tf.where(found, x, tf.zeros_like(x)), (extras, ids))
         return rows, extras, ids, self._ops.probability([size], count), count
 
-    def _count_and_draw(self, size: int, num_steps: int | None) -> tuple:
-        """The sample and the count of valid windows; zeros (no draw) when there are none."""
-        num_adds = self._num_adds.read_value()
-        count = self._count_windows(num_adds, num_steps or 1)
-        sample = tf.cond(
-            count > 0,
-            lambda: self._draw_and_read(size, num_steps, num_adds, count),
-            lambda: self._zero_sample(size, num_steps),
-        )
-        return (*sample, count)
-
-    def _zero_sample(self, size: int, num_steps: int | None) -> tuple[dict, tf.Tensor, tf.Tensor]:
-        outer = [size] + ([] if num_steps is None else [num_steps])
-        items = tf.nest.map_structure(lambda s: tf.zeros(outer + s.shape.as_list(), s.dtype), self.transition_spec)
-        return items, tf.zeros(outer, tf.int64), tf.zeros([size], tf.float32)
+    @staticmethod
+    def _stacked(drawn: tuple, stacks: Callable) -> tuple:
+        """`(items, ids, probabilities, count)` from `_draw_rows`, the frame rows stacked by `stacks`."""
+        rows, extras, ids, probs, count = drawn
+        obs, nxt = stacks(rows)
+        return {"observation": obs, "next_observation": nxt, **extras}, ids, probs, count
 
     def _read_num_adds(self) -> tf.Tensor:
         return self._num_adds.read_value()
