@@ -337,15 +337,20 @@ def test_readers_racing_a_writer_through_wrap_around_get_whole_stacks(twin):
     for draw in draws:
         draw()  # trace and compile before the threads start
     done, samples = threading.Event(), []
+    start = threading.Barrier(1 + len(draws))  # the writer starts once every reader is running
 
     def write():
+        start.wait()
         for i in range(12, 400):
             rb.add_batch(row(streams, i))
         done.set()
 
     def reader(draw):
         def read():
-            while not done.is_set():
+            start.wait()
+            reads = 0
+            while not done.is_set() or reads < 2:  # a fast writer may finish first: still read twice
+                reads += 1
                 items, info = draw()
                 samples.append((tf.nest.map_structure(np.asarray, items), np.asarray(info.ids)))
 
