@@ -59,5 +59,5 @@ def test_tf_buffer_state_is_plain_variables(tmp_path):
     api = filled(TFUniformReplayBuffer)
     path = tf.train.Checkpoint(buffer=api.rb).save(str(tmp_path / "ckpt"))
     names = [name for name, _ in tf.train.list_variables(path) if name.startswith("buffer/")]
-    assert sum("/_storage/" in n for n in names) == len(tf.nest.flatten(SPEC)), names
+    assert sum("/_state/storage" in n for n in names) == len(tf.nest.flatten(SPEC)), names
     assert any("_num_adds" in n for n in names) and any("_rng" in n for n in names), names

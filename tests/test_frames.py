@@ -18,7 +18,8 @@ import scipy.stats
 import tensorflow as tf
 from test_concurrency import run_threads
 
-from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec, frame_index, native
+from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec, native
+from tfreplay.core import stacks as frame_index
 
 FRAME = (2, 3)
 EXTRAS = ("action", "reward", "terminated", "truncated")

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
-from tfreplay.uniform import empty_message
 
 PAYLOADS = itertools.count(1000)  # shared by every example: a payload is never reused
 _BUFFERS = {}  # one buffer per layout, cleared by each example, so TF traces once
@@ -86,7 +85,7 @@ class RingModel(RuleBasedStateMachine):
                 self.rb.get_next(sample_batch_size, num_steps, time_stacked)
             return
         if len(self.segments[0]) < (num_steps or 1):
-            with pytest.raises(ValueError, match=re.escape(empty_message("get_next", num_steps))):
+            with pytest.raises(ValueError, match=re.escape(self.rb.empty_message("get_next", num_steps))):
                 self.rb.get_next(sample_batch_size, num_steps, time_stacked)
             return
         items, info = self.rb.get_next(sample_batch_size, num_steps, time_stacked)

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import tensor_spec  # BoundedTensorSpec has no public alias
 
-from tfreplay import specs
+from tfreplay.core import specs
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 

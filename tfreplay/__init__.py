@@ -3,19 +3,19 @@
 The public API; everything else is an implementation detail.
 """
 
+from tfreplay.buffers import PyFrameReplayBuffer, PyUniformReplayBuffer, TFFrameReplayBuffer, TFUniformReplayBuffer
+from tfreplay.core.api import BufferInfo, ReplayBuffer
+from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.samplers.uniform import UniformSampler
+from tfreplay.core.storage import frame_data_spec
 from tfreplay.experience_replay import ExperienceReplay
 from tfreplay.expreplay import ExpReplay
-from tfreplay.frames import frame_data_spec
-from tfreplay.frames_py import PyFrameReplayBuffer
-from tfreplay.frames_tf import TFFrameReplayBuffer
-from tfreplay.replay_buffer import BufferInfo, ReplayBuffer
-from tfreplay.uniform_py import PyUniformReplayBuffer
-from tfreplay.uniform_tf import TFUniformReplayBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BufferInfo",
+    "EpisodeRule",
     "ExpReplay",
     "ExperienceReplay",
     "PyFrameReplayBuffer",
@@ -23,5 +23,6 @@ __all__ = [
     "ReplayBuffer",
     "TFFrameReplayBuffer",
     "TFUniformReplayBuffer",
+    "UniformSampler",
     "frame_data_spec",
 ]

@@ -20,10 +20,10 @@ from typing import Any, NamedTuple, Sequence
 import tensorflow as tf
 import tf_keras
 
-from tfreplay import specs
+from tfreplay.core import specs
+from tfreplay.core.api import BufferInfo
+from tfreplay.core.specs import Nest
 from tfreplay.policies import EpsilonGreedyPolicy
-from tfreplay.replay_buffer import BufferInfo
-from tfreplay.specs import Nest
 
 _FIELDS = ("observation", "action", "reward", "discount", "next_observation")
 

@@ -31,10 +31,10 @@ import numpy as np
 import tensorflow as tf
 from gymnasium.vector import AutoresetMode
 
-from tfreplay import specs
-from tfreplay.replay_buffer import ReplayBuffer
-from tfreplay.specs import Nest
-from tfreplay.uniform_tf import TFUniformReplayBuffer
+from tfreplay.buffers import TFUniformReplayBuffer
+from tfreplay.core import specs
+from tfreplay.core.api import ReplayBuffer
+from tfreplay.core.specs import Nest
 
 Policy = Callable[[Nest], Any]
 Observer = Callable[[Any], Any]

@@ -8,7 +8,7 @@ when iterated, yields a sampled batch of `bs` steps after every step it pulls.
     for batch in memory:        # one pulled step, one sampled batch
         train(batch.state, batch.action, batch.reward, batch.next_state, batch.done)
 
-The ring is one segment of `NumpyStorage` rows addressed through `ring.py`, so
+The ring is one segment of `RowStorage` rows addressed through `ring.py`, so
 slot `i` is storage row `i`. The step structure, dtypes and shapes are taken
 from the first step; every later step must match them exactly.
 """
@@ -22,9 +22,10 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from tfreplay import ring, specs
-from tfreplay.specs import Nest
-from tfreplay.storage import NumpyStorage
+from tfreplay.core import ring, specs
+from tfreplay.core.ops import NUMPY_OPS
+from tfreplay.core.specs import Nest
+from tfreplay.core.storage import RowStorage
 
 _WHERE = "ExperienceReplay"
 
@@ -84,13 +85,17 @@ def step_to_arrays(where: str, step_spec: Nest, paths: list[str], step: Nest) ->
     return arrays
 
 
+def _zeros(name: str, shape: list, dtype: tf.DType) -> np.ndarray:
+    return np.zeros(shape, dtype.as_numpy_dtype)
+
+
 def ring_counters(num_adds: int, max_sz: int) -> tuple[int, int, int]:
     """Returns `(size, index, cycle)` after `num_adds` steps.
 
     The wrap is lazy: writing step `num_adds + 1` into a full ring starts a new
     cycle at slot 0, so `index` stays `max_sz` (not 0) until then.
     """
-    _, size = ring.live_range(num_adds, max_sz, ring.NUMPY_OPS)
+    _, size = ring.live_range(num_adds, max_sz, NUMPY_OPS)
     cycle = max(num_adds - 1, 0) // max_sz
     return int(size), num_adds - cycle * max_sz, cycle
 
@@ -163,7 +168,7 @@ class ExperienceReplay:
         self._lock = threading.Lock()
         self._step_spec: Nest = None
         self._paths: list[str] = []
-        self._storage: NumpyStorage | None = None
+        self._storage: RowStorage | None = None
         self._num_adds = 0
 
     @property
@@ -224,10 +229,10 @@ class ExperienceReplay:
                 paths = specs.leaf_paths(step_spec)
             arrays = step_to_arrays(where, step_spec, paths, step)
             if self._storage is None:
-                self._storage = NumpyStorage(step_spec, self._max_sz)
+                self._storage = RowStorage(step_spec, paths, self._max_sz, _zeros)
                 self._step_spec, self._paths = step_spec, paths
-            rows = ring.write_rows(self._num_adds, 1, self._max_sz, 1, ring.NUMPY_OPS)
-            self._storage.write(rows.reshape(-1), [a[None] for a in arrays])
+            rows, _ = ring.local_to_rows(np.array([self._num_adds]), 0, self._max_sz, 1)
+            self._storage.write(rows, [a[None] for a in arrays], NUMPY_OPS)
             self._num_adds += 1
 
     def sample(self, bs: int | None = None) -> Any:
@@ -255,7 +260,7 @@ class ExperienceReplay:
                 )
             assert self._storage is not None  # size > 0
             idxs = self._rng.choice(size, size=bs, replace=False).astype(np.int64)
-            batch = tf.nest.pack_sequence_as(self._step_spec, self._storage.gather(idxs))
+            batch = self._storage.read(idxs, None, NUMPY_OPS)
         return (batch, idxs) if self._return_idxs else batch
 
     @property
@@ -269,6 +274,6 @@ class ExperienceReplay:
         with self._lock:
             if self._storage is None:
                 return []
-            leaves = self._storage.gather(np.arange(self.size))
+            leaves = tf.nest.flatten(self._storage.read(np.arange(self.size), None, NUMPY_OPS))
             step_spec = self._step_spec
         return [tf.nest.pack_sequence_as(step_spec, [leaf[i] for leaf in leaves]) for i in range(len(leaves[0]))]

@@ -32,9 +32,9 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from tfreplay import specs
-from tfreplay.frames import frame_data_spec
-from tfreplay.frames_py import PyFrameReplayBuffer
+from tfreplay.buffers import PyFrameReplayBuffer
+from tfreplay.core import specs
+from tfreplay.core.storage import frame_data_spec
 
 _WHERE = "ExpReplay"
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tfreplay import specs
+from tfreplay.core import specs
 
 
 class _EpisodeMetric:

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.specs import Nest
+from tfreplay.core.specs import Nest
 
 Epsilon = Union[float, Callable[[], float]]
 

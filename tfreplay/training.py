@@ -23,9 +23,9 @@ import tensorflow as tf
 import tf_keras
 
 from tfreplay.agents import DqnAgent, make_q_network
+from tfreplay.buffers import TFUniformReplayBuffer
 from tfreplay.drivers import StepDriver, make_vector_env, transition_spec
 from tfreplay.observers import AverageEpisodeLength, AverageReturn
-from tfreplay.uniform_tf import TFUniformReplayBuffer
 
 
 @dataclasses.dataclass

@@ -11,8 +11,8 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
-from tfreplay import specs
-from tfreplay.specs import Nest
+from tfreplay.core import specs
+from tfreplay.core.specs import Nest
 
 
 class BufferInfo(NamedTuple):
@@ -196,32 +196,3 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def _clear(self) -> Any: ...
-
-
-class SegmentedReplayBuffer(ReplayBuffer):
-    """TF-Agents' layout: `batch_size` segments of `max_length` rows each.
-
-    Row `b` of every `add_batch` goes to segment `b`; windows of `num_steps`
-    are read from one segment.
-    """
-
-    def __init__(self, data_spec: Nest, num_segments: int, max_length: int, stateful_dataset: bool, name: str):
-        where = type(self).__name__
-        specs.check_positive_int(where, "batch_size", num_segments)
-        specs.check_positive_int(where, "max_length", max_length)
-        super().__init__(data_spec, num_segments * max_length, stateful_dataset, name=name)
-        self._num_segments = int(num_segments)
-        self._max_length = int(max_length)
-
-    @property
-    def batch_size(self) -> int:
-        """Number of segments: the batch size `add_batch` expects."""
-        return self._num_segments
-
-    @property
-    def max_length(self) -> int:
-        """Rows per segment."""
-        return self._max_length
-
-    def _max_window(self) -> int:
-        return self._max_length

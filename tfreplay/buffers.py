@@ -1,0 +1,263 @@
+"""The public buffers: each a storage and a sampler assembled on a twin.
+
+| class | twin | storage | sampler |
+|---|---|---|---|
+| `TFUniformReplayBuffer` | `tf.Variable`s | rows | uniform |
+| `PyUniformReplayBuffer` | NumPy arrays | rows | uniform |
+| `TFFrameReplayBuffer` | `tf.Variable`s | frames (each once) | uniform over valid transitions |
+| `PyFrameReplayBuffer` | NumPy arrays | frames (each once) | uniform over valid transitions |
+
+A new kind of buffer is a new sampler (`core/samplers/`) or storage
+(`core/storage.py`) passed here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from tfreplay.core import specs
+from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.samplers.uniform import UniformSampler
+from tfreplay.core.specs import Nest
+from tfreplay.core.storage import FrameStorage, RowStorage
+from tfreplay.core.twin_py import PyBuffer, numpy_layout
+from tfreplay.core.twin_tf import TFBuffer
+
+
+def _rows(buffer: Any, make: Any) -> RowStorage:
+    return RowStorage(buffer._data_spec, buffer._leaf_paths, buffer._capacity, make)
+
+
+def _frames(buffer: Any, make: Any, history_len: int) -> FrameStorage:
+    where = type(buffer).__name__
+    specs.check_positive_int(where, "history_len", history_len)
+    if buffer._max_length <= history_len:
+        raise ValueError(
+            f"{where}: max_length ({buffer._max_length}) must be greater than history_len "
+            f"({history_len}); a transition shows history_len + 1 frames of one segment."
+        )
+    return FrameStorage(
+        buffer._data_spec, buffer._max_length, buffer._num_segments, history_len, make, buffer.frame_stacks, where
+    )
+
+
+class TFUniformReplayBuffer(TFBuffer):
+    """A uniform replay buffer in `tf.Variable`s: graph-, XLA- and checkpoint-friendly.
+
+    `batch_size` segments of `max_length` rows; `add_batch` writes row `b` of
+    its batch to segment `b`, overwriting the oldest when full. Checkpoint it
+    with `tf.train.Checkpoint(buffer=rb)`: rows, counters and the random
+    generator are variables.
+
+    Args:
+      data_spec: a nest of `tf.TensorSpec`.
+      batch_size: number of segments (parallel environments).
+      max_length: rows per segment.
+      scope: name scope of its variables and ops (any string).
+      device: where the variables live.
+      dataset_drop_remainder: drop incomplete batches/windows in the single pass.
+      dataset_window_shift: window shift in the single pass (default: num_steps).
+      stateful_dataset: mark datasets as carrying external state.
+      seed: seed of the sampling generator; default TF's global seed if set
+        (`tf.random.set_seed`, with an op seed so buffers draw apart), else nondeterministic.
+      within_episodes: `num_steps` windows never cross an episode boundary
+        (items must carry `step_type`, `first`, `terminated` or `truncated`).
+      episode_rule: which fields mark boundaries (default: detected from the spec).
+    """
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        batch_size: int,
+        max_length: int = 1000,
+        scope: str = "TFUniformReplayBuffer",
+        device: str = "cpu:*",
+        dataset_drop_remainder: bool = False,
+        dataset_window_shift: int | None = None,
+        stateful_dataset: bool = False,
+        seed: int | list[int] | None = None,
+        *,
+        within_episodes: bool = False,
+        episode_rule: EpisodeRule | str | None = "auto",
+    ):
+        super().__init__(
+            data_spec,
+            batch_size,
+            max_length,
+            _rows,
+            UniformSampler(within_episodes),
+            episode_rule,
+            scope=scope,
+            device=device,
+            seed=seed,
+            window_shift=dataset_window_shift,
+            drop_remainder=dataset_drop_remainder,
+            stateful_dataset=stateful_dataset,
+        )
+
+
+class PyUniformReplayBuffer(PyBuffer):
+    """The NumPy twin of `TFUniformReplayBuffer`: same API, same semantics.
+
+    Construct it the TF-Agents way, `PyUniformReplayBuffer(data_spec, capacity)`
+    (one ring; `add_batch` takes any number of rows, appended in order), or
+    like the TF twin, `PyUniformReplayBuffer(data_spec, batch_size=B,
+    max_length=L)` (B segments; each batch must have B rows). Thread-safe.
+    `get_next` and `gather_all` return NumPy arrays; `as_dataset` yields
+    tensors. Checkpointable with `tf.train.Checkpoint`.
+    """
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        capacity: int | None = None,
+        *,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        seed: int | None = None,
+        dataset_drop_remainder: bool = False,
+        dataset_window_shift: int | None = None,
+        stateful_dataset: bool = False,
+        name: str = "PyUniformReplayBuffer",
+        within_episodes: bool = False,
+        episode_rule: EpisodeRule | str | None = "auto",
+    ):
+        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
+        super().__init__(
+            data_spec,
+            segments,
+            length,
+            _rows,
+            UniformSampler(within_episodes),
+            episode_rule,
+            lockstep=batch_size is not None,
+            seed=seed,
+            name=name,
+            window_shift=dataset_window_shift,
+            drop_remainder=dataset_drop_remainder,
+            stateful_dataset=stateful_dataset,
+        )
+
+
+class _FrameMixin:
+    """What both frame buffers add: `history_len`, `transition_spec`, `num_transitions`."""
+
+    _storage: Any
+
+    @property
+    def history_len(self) -> int:
+        return int(self._storage.history_len)
+
+    @property
+    def transition_spec(self) -> dict:
+        """The spec of one sampled transition."""
+        return dict(self._storage.item_spec)
+
+    def num_transitions(self) -> Any:
+        """How many stored transitions can be drawn now (single steps)."""
+
+        def count() -> Any:
+            view = self._view()  # type: ignore[attr-defined]
+            return view.window.count(view.num_adds, view.pos_counts, view.pos_at, view.max_length, 1, view.ops)
+
+        return self._exclusive(count)  # type: ignore[attr-defined]
+
+
+FRAMES_DOC = """Frame replay: each frame stored once, history stacks assembled at sample time.
+
+`add_batch` takes a mapping (see `frame_data_spec`) with `"frame"`, the
+newest frame the environment returned, `"first"`, True when that frame came
+from a reset (the row's other entries are then ignored), and the step that
+produced the frame (`action`, `reward`, `terminated`, `truncated`, ...).
+Sampling returns `{"observation", "next_observation", **the step's other
+entries}`, the stacks shaped `frame_shape + (history_len,)`. Frames older
+than an episode's first are zeros; no stack mixes episodes or reads across
+the write head; `num_steps` windows stay inside one episode. `gather_all()`
+returns every valid transition, `[num_transitions, ...]`, segment by
+segment, oldest first.
+"""
+
+
+class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
+    __doc__ = (
+        FRAMES_DOC
+        + """
+    Frames live in `tf.Variable`s; stacks come from the native kernel on the
+    CPU (`tfreplay.native`), else from XLA.
+
+    Args:
+      data_spec: a mapping with `"frame"`, `"first"` and the step's other entries.
+      batch_size: number of segments (parallel environments).
+      max_length: rows (frames) per segment.
+      history_len: frames per stacked observation.
+      scope, device, dataset_drop_remainder, stateful_dataset, seed: as `TFUniformReplayBuffer`.
+    """
+    )
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        batch_size: int,
+        max_length: int = 1000,
+        history_len: int = 4,
+        scope: str = "TFFrameReplayBuffer",
+        device: str = "cpu:*",
+        dataset_drop_remainder: bool = False,
+        stateful_dataset: bool = False,
+        seed: int | None = None,
+    ):
+        super().__init__(
+            data_spec,
+            batch_size,
+            max_length,
+            functools.partial(_frames, history_len=history_len),
+            UniformSampler(),
+            EpisodeRule(start="first"),
+            scope=scope,
+            device=device,
+            seed=seed,
+            drop_remainder=dataset_drop_remainder,
+            stateful_dataset=stateful_dataset,
+        )
+
+
+class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
+    __doc__ = (
+        FRAMES_DOC
+        + """
+    Frames live in NumPy arrays. Construct it with one ring,
+    `PyFrameReplayBuffer(data_spec, capacity)` (`add_batch` appends any
+    number of rows of one environment), or with segments,
+    `PyFrameReplayBuffer(data_spec, batch_size=B, max_length=L)`;
+    `add_sequence(items, segment)` lets environments advance at their own pace.
+    """
+    )
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        capacity: int | None = None,
+        *,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        history_len: int = 4,
+        seed: int | None = None,
+        dataset_drop_remainder: bool = False,
+        stateful_dataset: bool = False,
+        name: str = "PyFrameReplayBuffer",
+    ):
+        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
+        super().__init__(
+            data_spec,
+            segments,
+            length,
+            functools.partial(_frames, history_len=history_len),
+            UniformSampler(),
+            EpisodeRule(start="first"),
+            lockstep=batch_size is not None,
+            seed=seed,
+            name=name,
+            drop_remainder=dataset_drop_remainder,
+            stateful_dataset=stateful_dataset,
+        )

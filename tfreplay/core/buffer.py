@@ -1,0 +1,455 @@
+"""The composed buffer: storage x sampler over the ring and a shared episode index.
+
+`ComposedBuffer` holds the lines every buffer shares, written once over an
+`ops` namespace: how a batch is written (rows, episode index, sampler), how
+a sample is drawn and read, the deterministic pass, `gather_all`. A twin
+(`twin_tf.TFBuffer`, `twin_py.PyBuffer`) supplies only what differs: its
+arrays (`_make`), its lock (`_exclusive`), its random source (`_draw`), how an
+empty buffer is refused (`_guard`), and how calls reach tensors.
+
+Layout: `num_segments` segments of `max_length` rows (see `ring.py`);
+`num_adds[s]` counts the items segment `s` received since the last clear.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tfreplay.core import episodes, ring, specs
+from tfreplay.core.api import BufferInfo, ReplayBuffer
+from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.samplers import View
+from tfreplay.core.specs import Nest
+
+_OVERWRITTEN = (
+    "as_dataset: a writer overwrote items of this single deterministic pass before it read them; "
+    "pause writers during the pass, or use gather_all()."
+)
+
+
+def variable_name(path: str) -> str:
+    """A valid TF name for a spec path (`'my obs'`, `'<item>'` are not)."""
+    name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", path).strip("/")
+    return name if re.match(r"[A-Za-z0-9.]", name) else f"v{name}"
+
+
+class ComposedBuffer(ReplayBuffer):
+    """A storage, a sampler, the ring and (where items carry episode boundaries) the episode index.
+
+    Args:
+      data_spec: a nest of `tf.TensorSpec`: one stored item (one row).
+      num_segments, max_length: the layout (`batch_size` segments).
+      storage: `(buffer, make) -> storage` (a `storage.RowStorage` or `FrameStorage`).
+      sampler: an unbound sampler (`samplers.uniform.UniformSampler`, ...).
+      episode_rule: which fields mark episode boundaries; "auto" detects
+        `step_type`/`first`/`terminated`/`truncated`; None keeps no index.
+    """
+
+    _ops: Any
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        num_segments: int,
+        max_length: int,
+        storage: Callable[[Any, Callable], Any],
+        sampler: Any,
+        episode_rule: EpisodeRule | str | None,
+        *,
+        window_shift: int | None,
+        drop_remainder: bool,
+        stateful_dataset: bool,
+        name: str,
+    ):
+        where = type(self).__name__
+        specs.check_positive_int(where, "batch_size", num_segments)
+        specs.check_positive_int(where, "max_length", max_length)
+        specs.check_positive_int(where, "dataset_window_shift", window_shift, allow_none=True)
+        super().__init__(data_spec, num_segments * max_length, stateful_dataset, name=name)
+        self._num_segments, self._max_length = int(num_segments), int(max_length)
+        self._window_shift, self._drop_remainder = window_shift, bool(drop_remainder)
+        self._init_state()
+        self._storage = storage(self, self._make)
+        if isinstance(episode_rule, str):
+            if episode_rule != "auto":
+                raise ValueError(f"{where}: episode_rule ({episode_rule!r}) must be 'auto', None or an EpisodeRule.")
+            episode_rule = EpisodeRule.detect(self._data_spec, self._leaf_paths)
+        if episode_rule is not None:
+            episode_rule.check(where, self._leaf_paths, tf.nest.flatten(self._data_spec))
+        object.__setattr__(self, "_rule", episode_rule)
+        frames = self._storage.window.lead > 0
+        if sampler.within_episodes and episode_rule is None:
+            raise ValueError(
+                f"{where}: within_episodes (True) needs items that mark episode boundaries: a scalar 'step_type' "
+                "or bool 'first', 'terminated' or 'truncated' field, or an EpisodeRule naming them."
+            )
+        # Windows go through the episode index for frames (a transition needs its history) or on request.
+        object.__setattr__(self, "_window", self._storage.window if frames or sampler.within_episodes else None)
+        self._num_adds = self._make("index/num_adds", [num_segments], tf.int64)
+        if episode_rule is not None:
+            self._pos = self._make("index/pos", [self._capacity], tf.int32)
+            self._pos_counts = self._make("index/pos_counts", [num_segments, episodes.POS_BINS], tf.int64)
+        self._sampler = sampler.bind(self._make)
+
+    @property
+    def batch_size(self) -> int:
+        """Number of segments: the batch size `add_batch` expects."""
+        return self._num_segments
+
+    @property
+    def max_length(self) -> int:
+        """Rows per segment."""
+        return self._max_length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of item storage (the index and counters add a few per row)."""
+        return self._storage.nbytes
+
+    def layout(self) -> dict:
+        """What a checkpoint must match: the layout, storage kind and leaf specs."""
+        leaves = {
+            p: [s.dtype.name, s.shape.as_list()] for p, s in zip(self._leaf_paths, tf.nest.flatten(self._data_spec))
+        }
+        return {
+            "batch_size": self._num_segments,
+            "max_length": self._max_length,
+            "capacity": self._capacity,
+            "storage": self._storage.layout(),
+            "episodes": self._rule is not None,
+            "leaves": leaves,
+        }
+
+    # Twin hooks.
+    def _init_state(self) -> None:
+        """Creates the lock, random source and whatever `_make` needs."""
+        raise NotImplementedError
+
+    def _make(self, name: str, shape: list, dtype: tf.DType) -> Any:
+        """A zero-filled array or variable, part of the checkpointed state."""
+        raise NotImplementedError
+
+    def _exclusive(self, fn: Callable[[], Any]) -> Any:
+        raise NotImplementedError
+
+    def _draw(self, shape: list, total: Any) -> Any:
+        """Uniform int64 draws in `[0, total)` (any defined value when `total` is 0)."""
+        raise NotImplementedError
+
+    def _check(self, ok: Any, value: Any, message: str) -> Any:
+        """`value`, once `ok` is checked: raises `ValueError` (in a graph: asserts, with the same message)."""
+        raise NotImplementedError
+
+    def _call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
+        """`fn(*inputs)` under the lock, as tensors shaped like `out_specs` (usable in a dataset map)."""
+        raise NotImplementedError
+
+    def _guard(self, count: Any, value: Any, where: str, num_steps: int | None) -> Any:
+        return self._check(count > 0, value, self.empty_message(where, num_steps))
+
+    # Shared lines.
+    def _max_window(self) -> int:
+        return self._max_length - self._storage.window.lead
+
+    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any) -> None:
+        specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)
+        specs.check_positive_int(where, "num_steps", num_steps, allow_none=True)
+        if num_steps is not None and num_steps > self._max_window():
+            extra = " - 1" if self._storage.window.lead else ""
+            raise ValueError(
+                f"{where}: num_steps ({num_steps}) must be at most max_length{extra} ({self._max_window()}); "
+                "a window is drawn from one segment, which never holds more"
+                + ("; a window also needs the frame before it." if extra else ".")
+            )
+
+    def empty_message(self, where: str, num_steps: int | None) -> str:
+        n = num_steps or 1
+        if self._storage.window.lead:
+            what = "transition" if n == 1 else f"window of {n} transitions of one episode"
+            return (
+                f"{where}: the buffer holds no valid {what} yet; "
+                "add steps after each episode's first frame before sampling."
+            )
+        if self._window is not None and n > 1:
+            return f"{where}: no episode holds {n} consecutive items yet (num_steps={n}); add more before sampling."
+        if n == 1:
+            return f"{where}: the buffer is empty; add items before sampling."
+        return f"{where}: no segment holds {n} consecutive items yet (num_steps={n}); add more items before sampling."
+
+    def _pos_at(self, rows: Any) -> Any:
+        return self._ops.to_int64(self._ops.gather(self._pos, rows))
+
+    def _view(self) -> View:
+        has_index = self._window is not None
+        return View(
+            ops=self._ops,
+            num_adds=self._ops.read(self._num_adds),
+            max_length=self._max_length,
+            num_segments=self._num_segments,
+            draw=self._draw,
+            window=self._window,
+            pos_at=self._pos_at if has_index else None,
+            pos_counts=self._ops.read(self._pos_counts) if has_index else None,
+        )
+
+    def _num_frames(self) -> Any:
+        return self._exclusive(
+            lambda: self._ops.sum(self._ops.minimum(self._ops.read(self._num_adds), self._max_length))
+        )
+
+    def _write_locked(self, leaves: list, segments: Any) -> Any:
+        """Appends `T` items to each of `segments`: leaves are `[T, len(segments), ...]`, oldest first.
+
+        Only the newest `max_length` of a segment's items survive. Reads
+        (counters, the `pos` of the rows before and of the rows overwritten)
+        come first, then every write, then the counters move.
+        """
+        ops, length, num_segments = self._ops, self._max_length, self._num_segments
+        num_new = leaves[0].shape[0]
+        skip = max(num_new - length, 0)
+        n = ops.gather(ops.read(self._num_adds), segments)
+        local = n[None, :] + skip + ops.arange(num_new - skip)[:, None]
+        rows, ids = ring.local_to_rows(local, segments[None, :], length, num_segments)
+        flat_rows = ops.reshape(rows, [-1])
+        reads: list = [flat_rows]
+        if self._rule is not None:
+            reads += self._index_updates(leaves, segments, n, local, rows, skip)
+        kept = [ops.reshape(x[skip:], [-1] + list(x.shape[2:])) for x in leaves]
+
+        def writes() -> list:
+            updates = self._storage.write(flat_rows, kept, ops)
+            if self._rule is not None:
+                pos, bins, weights = reads[1:]
+                updates.append(ops.scatter(self._pos, flat_rows, ops.to_int32(ops.reshape(pos, [-1]))))
+                updates.append(ops.bin_add(self._pos_counts, bins[0], bins[1], weights))
+            return updates + self._sampler.on_write(None, flat_rows, ids)
+
+        updates = ops.after(reads, writes)
+        moved = ops.after(updates, lambda: ops.scatter(self._num_adds, segments, n + num_new))
+        return ops.after([moved], lambda: ops.read(self._num_adds))
+
+    def _index_updates(self, leaves: list, segments: Any, n: Any, local: Any, rows: Any, skip: int) -> list:
+        """`[pos of the new rows, (segment, bin) pairs, +1/-1 weights]` for the episode index."""
+        ops, length, num_segments = self._ops, self._max_length, self._num_segments
+        starts, ends = self._rule.flags(dict(zip(self._leaf_paths, leaves)), ops)
+        prev_rows = ring.local_to_rows(ops.maximum(n - 1, 0), segments, length, num_segments)[0]
+        has_prev = n > 0
+        if ends is not None:  # an item after an episode's last starts the next
+            prev_ended = self._stored_ends(prev_rows) & has_prev
+            shifted = ops.where(ops.arange(ends.shape[0])[:, None] == 0, prev_ended[None, :], _shift_down(ends, ops))
+            starts = shifted if starts is None else starts | shifted
+        pos = episodes.new_pos(self._pos_at(prev_rows), has_prev, starts, ops)[skip:]
+        old_min = n - ops.minimum(n, length)
+        # The row of new id `w` held the newest older id of its residue (skipped ids never landed).
+        held = local - length * ((local - n[None, :]) // length + 1)
+        overwritten = held >= old_min[None, :]
+        old_pos = self._pos_at(rows)
+        # Each new row joins its bin; the live row it overwrites leaves its own.
+        seg = ops.reshape(segments[None, :] + ops.zeros_like(local), [-1])
+        bins = ops.concat([ops.reshape(episodes.pos_bin(p, ops), [-1]) for p in (pos, old_pos)])
+        added = ops.reshape(ops.ones_like(local), [-1])
+        weights = ops.concat([added, -ops.reshape(ops.to_int64(overwritten), [-1])])
+        return [pos, (ops.concat([seg, seg]), bins), weights]
+
+    def _stored_ends(self, rows: Any) -> Any:
+        flags = [self._ops.gather(self._storage.by_path[p], rows) for p in self._rule.ends]
+        out = flags[0]
+        for f in flags[1:]:
+            out = out | f
+        return out
+
+    def _sample_plan(self, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
+        """Under the lock: `(read plan, ids, probabilities, count)` of `size` windows."""
+        ops = self._ops
+        segment, t, probs, count = self._sampler.sample(self._view(), size, num_steps)
+        step_rows, ids = ring.window_rows(segment, t, num_steps, self._max_length, self._num_segments, ops)
+        ids = ops.where(count > 0, ids, ops.zeros_like(ids))
+        pos_at = self._pos_at if self._rule is not None else None
+        return self._storage.plan(segment, t, step_rows, num_steps, pos_at, ops), ids, probs, count
+
+    def _read_sample(self, size: int, num_steps: int | None) -> tuple[Nest, Any, Any, Any]:
+        """Under the lock: `(items, ids, probabilities, count)`."""
+        plan, ids, probs, count = self._sample_plan(size, num_steps)
+        return self._storage.read(plan, num_steps, self._ops), ids, probs, count
+
+    def _package(
+        self, items: Nest, ids: Any, probs: Any, batched: bool, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Nest, BufferInfo]:
+        """Drops the batch axis of an unbatched sample; splits windows into steps unless `time_stacked`."""
+        if not batched:
+            items, ids, probs = tf.nest.map_structure(lambda x: x[0], (items, ids, probs))
+        return self._split_steps(items, BufferInfo(ids=ids, probabilities=probs), batched, num_steps, time_stacked)
+
+    def _split_steps(
+        self, items: Nest, info: BufferInfo, batched: bool, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Nest, BufferInfo]:
+        """A tuple of `num_steps` items (and ids) instead of a time axis, unless `time_stacked`."""
+        if num_steps is None or time_stacked:
+            return items, info
+        axis = 1 if batched else 0
+        steps = zip(*[self._ops.unstack(x, axis) for x in tf.nest.flatten(items)])
+        by_step = tuple(tf.nest.pack_sequence_as(items, list(step)) for step in steps)
+        return by_step, BufferInfo(ids=self._ops.unstack(info.ids, axis), probabilities=info.probabilities)
+
+    def _gather_all_locked(self) -> Nest:
+        ops = self._ops
+        if self._window is None:
+            rows, _ = ring.all_rows(ops.read(self._num_adds), self._max_length, self._num_segments, ops)
+            return self._storage.read(rows, None, ops)
+        segment, t = self._valid_starts(1, aligned=False)
+        step_rows, _ = ring.window_rows(segment, t, None, self._max_length, self._num_segments, ops)
+        return self._storage.read(self._storage.plan(segment, t, step_rows, None, self._pos_at, ops), None, ops)
+
+    def _valid_starts(self, n: int, aligned: bool) -> tuple[Any, Any]:
+        """Segments and starts of every valid window, segment by segment, oldest first."""
+        ops = self._ops
+        mask, t = self._window.grid(ops.read(self._num_adds), self._pos_at, self._max_length, n, aligned, ops)
+        flat = ops.flatnonzero(ops.reshape(mask, [-1]))
+        return flat // self._max_length, ops.gather(ops.reshape(t, [-1]), flat)
+
+    def _still_live(self, segment: Any, t: Any, n: int) -> Any:
+        """Whether windows at `t` show only items not overwritten since (the deterministic pass's check)."""
+        ops = self._ops
+        min_id, _ = ring.live_range(ops.gather(ops.read(self._num_adds), segment), self._max_length, ops)
+        window = self._window or episodes.Shape()
+        live = t - window.lead >= min_id
+        if window.history:
+            end = t + (n - 1)
+            end_pos = self._pos_at(ring.local_to_rows(end, segment, self._max_length, self._num_segments)[0])
+            live = live & (ops.maximum(t - window.history, end - end_pos) >= min_id)
+        return ops.all(live)
+
+    def _single_pass_dataset(
+        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+    ) -> tf.data.Dataset:
+        """Every stored window once, in order; which windows exist is read when iteration starts.
+
+        Ring windows: segment by segment (or `sample_batch_size` segments side
+        by side), `num_steps` items shifted by `dataset_window_shift`. Through
+        the episode index: every valid window whose end is a multiple of
+        `num_steps` into its episode, in `gather_all` order. An element is
+        read under the lock, and if a writer has overwritten any of its items
+        since the pass began, reading it raises instead of pairing new items
+        with old ids.
+        """
+        if self._drop_remainder and sample_batch_size is not None and sample_batch_size > self._num_segments:
+            if self._window is None:
+                raise ValueError(
+                    f"as_dataset: sample_batch_size ({sample_batch_size}) must be at most batch_size "
+                    f"({self._num_segments}) with dataset_drop_remainder=True, or every batch is dropped."
+                )
+        if self._window is None:
+            ds = self._ring_pass(sample_batch_size, num_steps)
+        else:
+            n = num_steps or 1
+            starts = tf.data.Dataset.range(1).flat_map(
+                lambda _: tf.data.Dataset.from_tensor_slices(
+                    self._call_tensors(
+                        lambda: self._valid_starts(n, aligned=True),
+                        [],
+                        (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)),
+                    )
+                )
+            )
+            batched = starts.batch(
+                sample_batch_size or 1, drop_remainder=bool(sample_batch_size) and self._drop_remainder
+            )
+            ds = batched.map(lambda s, t: (s, t, self._pass_ids(s, t, num_steps, sample_batch_size is None)))
+        return ds.map(
+            lambda s, t, ids: self._pass_element(s, t, ids, num_steps, sample_batch_size is None),
+            num_parallel_calls=num_parallel_calls,
+        )
+
+    def _pass_ids(self, segment: Any, t: Any, num_steps: int | None, single: bool) -> Any:
+        ids = ring.window_rows(segment, t, num_steps, self._max_length, self._num_segments, tf_ops())[1]
+        return ids[0] if single else ids
+
+    def _ring_pass(self, sample_batch_size: int | None, num_steps: int | None) -> tf.data.Dataset:
+        """`(segment, start, ids)` of ring windows, TF-Agents' order."""
+        size, segments, shift = self._max_length, self._num_segments, self._window_shift or num_steps
+
+        def windows(ds: tf.data.Dataset, drop: bool) -> tf.data.Dataset:
+            if num_steps is None:
+                return ds
+            return ds.window(num_steps, shift=shift).flat_map(lambda local: local.batch(num_steps, drop))
+
+        def index_dataset(num_adds: tf.Tensor) -> tf.data.Dataset:
+            min_id, num_live = ring.live_range(num_adds[0], size, tf_ops())
+            local = min_id + tf.range(num_live, dtype=tf.int64)
+            if sample_batch_size is None:
+                return tf.data.Dataset.range(segments).flat_map(
+                    lambda s: windows(tf.data.Dataset.from_tensor_slices(local), self._drop_remainder).map(
+                        lambda w: (s, w)
+                    )
+                )
+
+            def group(segs: tf.Tensor) -> tf.data.Dataset:
+                return windows(tf.data.Dataset.from_tensor_slices(local), True).map(lambda w: (segs, w))
+
+            return tf.data.Dataset.range(segments).batch(sample_batch_size, self._drop_remainder).flat_map(group)
+
+        num_adds = tf.data.Dataset.range(1).map(
+            lambda _: self._call_tensors(
+                lambda: self._ops.read(self._num_adds), [], tf.TensorSpec([segments], tf.int64)
+            )
+        )
+
+        def ids_of(s: tf.Tensor, local: tf.Tensor) -> tuple:
+            if sample_batch_size is None:
+                ids = ring.local_to_rows(local, s, size, segments)[1]
+            elif num_steps is None:
+                ids = ring.local_to_rows(local, s, size, segments)[1]
+            else:
+                ids = ring.local_to_rows(local[None, :], s[:, None], size, segments)[1]
+            return s, local, ids
+
+        return num_adds.flat_map(index_dataset).map(ids_of)
+
+    def _pass_element(self, segment: Any, t: Any, ids: Any, num_steps: int | None, single: bool) -> tuple:
+        """Reads one element of the deterministic pass by its ids, checking none was overwritten since."""
+        spec, outer = self._storage.item_spec, ids.shape.as_list()
+
+        def read(ids: Any) -> Any:
+            ops, length, segments = self._ops, self._max_length, self._num_segments
+            flat = ops.reshape(ids, [-1])
+            seg, local = flat % segments, flat // segments
+            if self._window is None:
+                ok = self._still_live(seg, local, 1)
+                items = self._storage.read(ring.local_to_rows(local, seg, length, segments)[0], None, ops)
+                items = tf.nest.map_structure(lambda x: ops.outer_reshape(x, ids), items)
+            else:
+                if num_steps is not None:  # one (segment, start) per window
+                    seg, local = seg[::num_steps], local[::num_steps]
+                ok = self._still_live(seg, local, num_steps or 1)
+                step_rows, _ = ring.window_rows(seg, local, num_steps, length, segments, ops)
+                plan = self._storage.plan(seg, local, step_rows, num_steps, self._pos_at, ops)
+                items = self._storage.read(plan, num_steps, ops)
+                if single:
+                    items = tf.nest.map_structure(lambda x: x[0], items)
+            return self._check(ok, items, _OVERWRITTEN)
+
+        out_specs = tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), spec)
+        items = self._call_tensors(read, [ids], out_specs)
+        return items, BufferInfo(ids=ids, probabilities=())
+
+    def _clear_locked(self) -> Any:
+        ops = self._ops
+        updates = [ops.assign(self._num_adds, ops.zeros_like(ops.read(self._num_adds)))]
+        if self._rule is not None:
+            updates.append(ops.assign(self._pos_counts, ops.zeros_like(ops.read(self._pos_counts))))
+        updates += self._sampler.clear(None)
+        return ops.after(updates, lambda: ops.read(self._num_adds))
+
+
+def tf_ops() -> Any:
+    from tfreplay.core.ops import TF_OPS
+
+    return TF_OPS
+
+
+def _shift_down(x: Any, ops: Any) -> Any:
+    """`x` moved one step later along axis 0 (row 0 keeps its value; callers replace it)."""
+    return x if x.shape[0] == 1 else ops.gather(x, ops.maximum(ops.arange(x.shape[0]) - 1, 0))

@@ -1,0 +1,123 @@
+"""The array operations the core is written over: one namespace for NumPy, one for TF.
+
+Every concept of the core (ring, episode index, samplers, storage) is written
+once against an `ops` namespace, so the NumPy twin runs the same lines on
+arrays that the TF twin runs on tensors, in graphs and under XLA. Stateful
+operations (`scatter`, `assign`, `bin_add`) act on a NumPy array in place or
+on a `tf.Variable`, returning the update op; `after(updates, fn)` orders what
+follows after them (a no-op for NumPy).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+
+def _np_scatter(array: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    # One add usually fills a contiguous run of rows: a slice copy is a memcpy.
+    first = int(rows[0]) if len(rows) else 0
+    if len(rows) and rows[-1] - first == len(rows) - 1:
+        array[first : first + len(rows)] = values
+    else:
+        array[rows] = values
+
+
+def _np_assign(array: np.ndarray, value: Any) -> None:
+    array[...] = value
+
+
+def _np_bin_add(counts: np.ndarray, first: np.ndarray, second: np.ndarray, weights: np.ndarray) -> None:
+    np.add.at(counts, (first, second), weights)
+
+
+def _tf_bin_add(counts: tf.Variable, first: tf.Tensor, second: tf.Tensor, weights: tf.Tensor) -> Any:
+    at = tf.stack([tf.reshape(first, [-1]), tf.reshape(second, [-1])], 1)
+    return counts.scatter_nd_add(at, tf.reshape(weights, [-1]))
+
+
+def _tf_after(updates: list, fn: Callable[[], Any]) -> Any:
+    with tf.control_dependencies([u for u in updates if u is not None]):
+        return fn()
+
+
+def _tf_cummax0(x: tf.Tensor) -> tf.Tensor:
+    return x if x.shape[0] == 1 else tf.scan(tf.maximum, x)
+
+
+def _np_loop(cond: Callable, body: Callable, state: tuple, most: int) -> tuple:
+    for _ in range(most):
+        if not cond(*state):
+            break
+        state = body(*state)
+    return state
+
+
+NUMPY_OPS = types.SimpleNamespace(
+    minimum=np.minimum,
+    maximum=np.maximum,
+    arange=lambda n: np.arange(n, dtype=np.int64),
+    unstack=lambda x, axis: tuple(np.moveaxis(x, axis, 0)),
+    probability=lambda shape, total: np.full(shape, 1.0 / total if total else 0.0, np.float32),
+    gather=lambda x, i: np.take(x, i, axis=0),
+    where=np.where,
+    cumsum=np.cumsum,
+    cummax0=lambda x: np.maximum.accumulate(x, axis=0),
+    searchsorted=lambda a, v: np.searchsorted(a, v, side="right").astype(np.int64),
+    sum=np.sum,
+    all=np.all,
+    any=np.any,
+    any0=lambda x: np.any(x, axis=0),
+    argmax0=lambda x: np.argmax(x, axis=0).astype(np.int64),
+    to_int64=lambda x: np.asarray(x, np.int64),
+    to_int32=lambda x: np.asarray(x, np.int32),
+    reshape=np.reshape,
+    zeros_like=np.zeros_like,
+    ones_like=np.ones_like,
+    flatnonzero=lambda x: np.flatnonzero(x).astype(np.int64),
+    read=lambda x: x.copy(),
+    scatter=_np_scatter,
+    assign=_np_assign,
+    bin_add=_np_bin_add,
+    after=lambda updates, fn: fn(),
+    cond=lambda pred, true_fn, false_fn: true_fn() if pred else false_fn(),
+    loop=_np_loop,
+    concat=lambda parts: np.concatenate(parts, 0),
+    outer_reshape=lambda x, like: x.reshape(np.shape(like) + x.shape[1:]),
+)
+
+TF_OPS = types.SimpleNamespace(
+    minimum=tf.minimum,
+    maximum=tf.maximum,
+    arange=lambda n: tf.range(n, dtype=tf.int64),
+    unstack=lambda x, axis: tuple(tf.unstack(x, axis=axis)),
+    probability=lambda shape, total: tf.fill(shape, tf.math.divide_no_nan(1.0, tf.cast(total, tf.float32))),
+    gather=tf.gather,
+    where=tf.where,
+    cumsum=tf.cumsum,
+    cummax0=_tf_cummax0,
+    searchsorted=lambda a, v: tf.searchsorted(a, v, side="right", out_type=tf.int64),
+    sum=tf.reduce_sum,
+    all=tf.reduce_all,
+    any=tf.reduce_any,
+    any0=lambda x: tf.reduce_any(x, axis=0),
+    argmax0=lambda x: tf.argmax(tf.cast(x, tf.int32), axis=0, output_type=tf.int64),
+    to_int64=lambda x: tf.cast(x, tf.int64),
+    to_int32=lambda x: tf.cast(x, tf.int32),
+    reshape=tf.reshape,
+    zeros_like=tf.zeros_like,
+    ones_like=tf.ones_like,
+    flatnonzero=lambda x: tf.where(x)[:, 0],
+    read=lambda v: v.read_value(),
+    scatter=lambda v, rows, values: v.scatter_update(tf.IndexedSlices(values, rows)),
+    assign=lambda v, value: v.assign(value),
+    bin_add=_tf_bin_add,
+    after=_tf_after,
+    cond=tf.cond,
+    loop=lambda cond, body, state, most: tf.while_loop(cond, body, state, maximum_iterations=most),
+    concat=lambda parts: tf.concat(parts, 0),
+    outer_reshape=lambda x, like: tf.reshape(x, tf.concat([tf.shape(like), tf.shape(x)[1:]], 0)),
+)

@@ -1,0 +1,41 @@
+"""Samplers: which stored windows a buffer draws, and with what probability.
+
+A sampler sees the buffer through a `View` (the ring counters, the episode
+index, the random source) and returns window starts. Its interface:
+
+* `bind(make)`: create its state (variables or arrays) through the twin's
+  `make(name, shape, dtype)`, so checkpoints include it; returns the sampler.
+* `on_write(view, rows, ids)`: the rows just written (update ops, or `[]`).
+* `sample(view, size, num_steps)`: `(segment, t, probabilities, count)`:
+  `size` windows starting at local id `t` of `segment`, each one's
+  probability, and how many windows could be drawn (0: none).
+* `update(ids, priorities)` and `clear(view)`: no-ops for uniform sampling.
+
+A new sampler is one file here plus the line that passes it to a buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from tfreplay.core.episodes import Shape
+
+
+@dataclasses.dataclass
+class View:
+    """What a sampler may read, taken under the buffer's lock.
+
+    `window` is None when episodes do not matter (plain ring windows);
+    otherwise windows are drawn through the episode index (`pos_at`,
+    `pos_counts`) with the storage's window shape.
+    """
+
+    ops: Any
+    num_adds: Any
+    max_length: int
+    num_segments: int
+    draw: Callable[[list, Any], Any]
+    window: Shape | None = None
+    pos_at: Callable[[Any], Any] | None = None
+    pos_counts: Any = None

@@ -1,0 +1,97 @@
+"""Uniform sampling over every valid window."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tfreplay.core import ring
+from tfreplay.core.episodes import Shape
+from tfreplay.core.samplers import View
+
+# Candidates per sample and round, and rounds before the exact (scanning) draw.
+_CANDIDATES = 4
+_ROUNDS = 16
+
+
+class UniformSampler:
+    """Draws windows uniformly among the valid ones.
+
+    Args:
+      within_episodes: windows never cross an episode boundary (needs a
+        buffer whose items carry boundaries; frame buffers always do).
+
+    Without episodes a window is any `num_steps` consecutive live items of
+    a segment, drawn exactly in one step. Through the episode index, each
+    sample takes the first valid one of uniform candidates over window starts
+    (rejection: uniform over the valid ones); only samples that keep missing
+    are redrawn, and after `_ROUNDS` rounds the rest come from an exact scan.
+    """
+
+    within_episodes: bool
+
+    def __init__(self, within_episodes: bool = False):
+        self.within_episodes = bool(within_episodes)
+
+    def bind(self, make: Callable) -> UniformSampler:
+        return self
+
+    def on_write(self, view: View, rows: Any, ids: Any) -> list:
+        return []
+
+    def update(self, ids: Any, priorities: Any) -> list:
+        return []
+
+    def clear(self, view: View) -> list:
+        return []
+
+    def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
+        n, ops = num_steps or 1, view.ops
+        if view.window is None:
+            counts = ring.num_windows(view.num_adds, view.max_length, n, ops)
+            count = ops.sum(counts)
+            segment, offset = ring.locate(view.draw([size], count), counts, ops)
+            min_id, _ = ring.live_range(view.num_adds, view.max_length, ops)
+            return segment, ops.gather(min_id, segment) + offset, ops.probability([size], count), count
+        assert view.pos_at is not None  # a window goes with the episode index
+        count = view.window.count(view.num_adds, view.pos_counts, view.pos_at, view.max_length, n, ops)
+        segment, t = self._draw_valid(view, view.window, view.pos_at, size, n, count)
+        return segment, t, ops.probability([size], count), count
+
+    def _draw_valid(
+        self, view: View, window: Shape, pos_at: Callable, size: int, n: int, count: Any
+    ) -> tuple[Any, Any]:
+        ops = view.ops
+        start, counts = window.draw_range(view.num_adds, view.max_length, n, ops)
+        total = ops.sum(counts)
+
+        def round_(found: Any, segment: Any, t: Any) -> tuple[Any, Any, Any]:
+            draws = view.draw([_CANDIDATES * size], total)
+            seg, offset = ring.locate(draws, counts, ops)
+            first = ops.gather(start, seg)
+            cand = first + offset
+            ends = ring.local_to_rows(cand + (n - 1), seg, view.max_length, view.num_segments)[0]
+            ok = window.is_valid(cand, pos_at(ends), first - window.lead, n)
+            ok = ops.reshape(ok, [_CANDIDATES, size])
+            pick = ops.argmax0(ok) * size + ops.arange(size)
+            hit, take = ops.any0(ok), ops.any0(ok) & ~found
+            return (
+                found | hit,
+                ops.where(take, ops.gather(seg, pick), segment),
+                ops.where(take, ops.gather(cand, pick), t),
+            )
+
+        zeros = ops.zeros_like(ops.arange(size))
+        state = (zeros < 0, zeros, zeros)
+        found, segment, t = ops.loop(lambda found, *_: ~ops.all(found), round_, state, _ROUNDS)
+
+        def exact() -> tuple[Any, Any]:
+            mask, starts = window.grid(view.num_adds, pos_at, view.max_length, n, False, ops)
+            # The u-th valid window is where the running count of valid ones first exceeds u.
+            flat = ops.cumsum(ops.to_int64(ops.reshape(mask, [-1])))
+            pick = ops.minimum(
+                ops.searchsorted(flat, view.draw([size], count)), view.num_segments * view.max_length - 1
+            )
+            seg, st = pick // view.max_length, ops.gather(ops.reshape(starts, [-1]), pick)
+            return ops.where(found, segment, seg), ops.where(found, t, st)
+
+        return ops.cond(ops.all(found) | (count <= 0), lambda: (segment, t), exact)

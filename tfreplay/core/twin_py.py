@@ -1,0 +1,197 @@
+"""The NumPy twin: a composed buffer in NumPy arrays, same API and semantics as the TF twin.
+
+One `threading.Lock` covers every write and every sample, so no item is
+ever torn. `get_next` and `gather_all` return NumPy arrays; `as_dataset`
+yields tensors through `tf.numpy_function`. With `seed=None` it follows TF's
+global seed like the TF twin (an op seed keeps buffers apart).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from tfreplay.core import specs, stacks
+from tfreplay.core.api import BufferInfo
+from tfreplay.core.buffer import ComposedBuffer
+from tfreplay.core.checkpoint import NumpyCheckpointState
+from tfreplay.core.ops import NUMPY_OPS
+from tfreplay.core.specs import Nest
+from tfreplay.core.twin_tf import resolve_seed
+
+
+def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) -> tuple[Any, Any]:
+    """`(segments, max_length)` of a NumPy buffer built as `(spec, capacity)` (one ring)
+    or `(spec, batch_size=B, max_length=L)`; a conflicting mix is an error."""
+    if batch_size is None:
+        if capacity is None:
+            raise ValueError(f"{where}: capacity (None) must be given, or batch_size and max_length.")
+        specs.check_positive_int(where, "capacity", capacity)
+        if max_length is not None:
+            raise ValueError(
+                f"{where}: max_length ({max_length}) must come with batch_size; "
+                "with capacity alone the buffer is one ring of capacity rows."
+            )
+        return 1, capacity
+    specs.check_positive_int(where, "batch_size", batch_size)
+    if capacity is not None:
+        specs.check_positive_int(where, "capacity", capacity)
+        if capacity % batch_size:
+            raise ValueError(f"{where}: capacity ({capacity}) must be a multiple of batch_size ({batch_size}).")
+        if max_length is not None and capacity != batch_size * max_length:
+            raise ValueError(
+                f"{where}: capacity ({capacity}) must equal batch_size ({batch_size}) * "
+                f"max_length ({max_length}), or be left out."
+            )
+        return batch_size, capacity // batch_size
+    return batch_size, 1000 if max_length is None else max_length
+
+
+class PyBuffer(ComposedBuffer):
+    """A composed buffer in NumPy arrays; public classes choose its storage and sampler.
+
+    Built as one ring (`lockstep=False`: `add_batch` appends any number of
+    items, in order) or with segments (`lockstep=True`: one item per segment
+    per `add_batch`). `add_sequence` appends items to one segment, so
+    environments may advance at their own pace.
+    """
+
+    _ops = NUMPY_OPS
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        batch_size: int,
+        max_length: int,
+        storage: Callable,
+        sampler: Any,
+        episode_rule: Any,
+        *,
+        lockstep: bool,
+        seed: Any,
+        name: str,
+        window_shift: int | None = None,
+        drop_remainder: bool = False,
+        stateful_dataset: bool = False,
+    ):
+        seed = resolve_seed(seed)
+        object.__setattr__(self, "_rng", np.random.default_rng(seed))
+        object.__setattr__(self, "_arrays", {})
+        super().__init__(
+            data_spec,
+            batch_size,
+            max_length,
+            storage,
+            sampler,
+            episode_rule,
+            window_shift=window_shift,
+            drop_remainder=drop_remainder,
+            stateful_dataset=stateful_dataset,
+            name=name,
+        )
+        self._lockstep = bool(lockstep)
+        self._checkpoint_state = NumpyCheckpointState(
+            self._lock,
+            lambda: list(self._arrays.values()),
+            self._rng,
+        )
+
+    def _init_state(self) -> None:
+        object.__setattr__(self, "_lock", threading.Lock())
+
+    def _make(self, name: str, shape: list, dtype: tf.DType) -> np.ndarray:
+        array = np.zeros(shape, dtype.as_numpy_dtype)
+        self._arrays[name] = array
+        return array
+
+    def frame_stacks(self, frames: np.ndarray, rows: np.ndarray, history_len: int, num_steps: int | None) -> Any:
+        return stacks.np_stacks(frames, rows, history_len, num_steps)
+
+    def _exclusive(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            return fn()
+
+    def _draw(self, shape: list, total: Any) -> np.ndarray:
+        return self._rng.integers(0, max(int(total), 1), size=shape, dtype=np.int64)
+
+    def _check(self, ok: Any, value: Any, message: str) -> Any:
+        if not ok:
+            raise ValueError(message)
+        return value
+
+    def _num_frames(self) -> int:
+        return int(np.minimum(self._num_adds, self._max_length).sum())
+
+    def _add_batch(self, items: Nest) -> None:
+        rows = self._num_segments if self._lockstep else None
+        arrays = specs.validate_numpy_batch("add_batch", self._data_spec, self._leaf_paths, items, rows)
+        if self._lockstep:
+            leaves, segments = [a[None] for a in arrays], np.arange(self._num_segments, dtype=np.int64)
+        else:
+            leaves, segments = [a[:, None] for a in arrays], np.zeros([1], np.int64)
+        if leaves[0].shape[0]:
+            with self._lock:
+                self._write_locked(leaves, segments)
+
+    def add_sequence(self, items: Nest, segment: int = 0) -> None:
+        """Appends items (a leading time axis, oldest first) to one segment.
+
+        Raises:
+          ValueError: `segment` is not in `[0, batch_size)`, or a bad batch.
+          TypeError: a batch of the wrong structure or dtype.
+        """
+        ok = isinstance(segment, (int, np.integer)) and not isinstance(segment, bool)
+        if not ok or not 0 <= segment < self._num_segments:
+            raise ValueError(f"add_sequence: segment ({segment!r}) must be an integer in [0, {self._num_segments}).")
+        arrays = specs.validate_numpy_batch("add_sequence", self._data_spec, self._leaf_paths, items, None)
+        if arrays[0].shape[0]:
+            with self._lock:
+                self._write_locked([a[:, None] for a in arrays], np.full([1], segment, np.int64))
+
+    def _get_next(
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Nest, BufferInfo]:
+        size = 1 if sample_batch_size is None else sample_batch_size
+        items, ids, probs, count = self._exclusive(lambda: self._read_sample(size, num_steps))
+        self._guard(count, None, "get_next", num_steps)
+        return self._package(items, ids, probs, sample_batch_size is not None, num_steps, time_stacked)
+
+    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+        outer = ([] if sample_batch_size is None else [sample_batch_size]) + ([] if num_steps is None else [num_steps])
+        probs_shape = [] if sample_batch_size is None else [sample_batch_size]
+
+        def sample() -> tuple:
+            items, info = self._get_next(sample_batch_size, num_steps, True)
+            return items, info.ids, info.probabilities
+
+        out_specs = (
+            tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), self._storage.item_spec),
+            tf.TensorSpec(outer, tf.int64),
+            tf.TensorSpec(probs_shape, tf.float32),
+        )
+        items, ids, probs = self._numpy_call(sample, [], out_specs)
+        return items, BufferInfo(ids=ids, probabilities=probs)
+
+    def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
+        """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""
+        flat_specs = tf.nest.flatten(out_specs)
+
+        def call(*args: Any) -> list:
+            return [np.asarray(x, s.dtype.as_numpy_dtype) for x, s in zip(tf.nest.flatten(fn(*args)), flat_specs)]
+
+        out = tf.numpy_function(call, inputs, [s.dtype for s in flat_specs], stateful=True)
+        for tensor, spec in zip(out, flat_specs):
+            tensor.set_shape(spec.shape)
+        return tf.nest.pack_sequence_as(out_specs, out)
+
+    def _call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
+        return self._numpy_call(lambda *args: self._exclusive(lambda: fn(*args)), inputs, out_specs)
+
+    def _gather_all(self) -> Nest:
+        return self._exclusive(self._gather_all_locked)
+
+    def _clear(self) -> None:
+        self._exclusive(self._clear_locked)

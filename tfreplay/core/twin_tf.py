@@ -1,0 +1,231 @@
+"""The TF twin: a composed buffer in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
+
+Reads and writes run in one `tf.CriticalSection`, so concurrent writers and
+samplers never see a torn item (XLA has no mutex: under `jit_compile` the
+caller must not race; XLA cannot raise either, so there an empty buffer's
+samples carry probability 0). Eager calls go through concrete functions
+traced once per shape. Draws through the episode index are compiled with
+XLA; frames are stacked by the native kernel on CPU (`tfreplay.native`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tfreplay import native
+from tfreplay.core import specs, stacks
+from tfreplay.core.api import BufferInfo
+from tfreplay.core.buffer import ComposedBuffer, variable_name
+from tfreplay.core.ops import TF_OPS
+from tfreplay.core.specs import Nest
+
+try:  # XLA has no mutex op: inside jit_compile the critical section is skipped.
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
+except ImportError:  # pragma: no cover
+
+    def _in_xla_graph(graph: Any) -> bool:
+        return False
+
+
+class EagerFunctions:
+    """Concrete functions traced once per key, for eager calls (graphs may call them too).
+
+    A concrete function is cheaper per call than a polymorphic `tf.function`,
+    which re-checks its signature every time. Kept out of `tf.Module` tracking:
+    it is not checkpoint state.
+    """
+
+    def __init__(self) -> None:
+        self._fns: dict[str, Any] = {}
+
+    def get(self, key: str, fn: Callable, *signature: Any, jit_compile: bool | None = None) -> Any:
+        """The concrete function of `fn` for `key`, traced (and compiled) on first use."""
+        if key not in self._fns:
+            traced = tf.function(fn, autograph=False, jit_compile=jit_compile)
+            self._fns[key] = traced.get_concrete_function(*signature)
+        return self._fns[key]
+
+
+def under_xla() -> bool:
+    """Whether ops are being traced into an XLA (`jit_compile`) function."""
+    return not tf.executing_eagerly() and _in_xla_graph(tf.compat.v1.get_default_graph())
+
+
+def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
+    """Runs `fn` in `lock`, except under XLA, which has no mutex op."""
+    return fn() if under_xla() else lock.execute(fn)
+
+
+def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
+    """`call()`, one compiled function call, holding `lock`'s mutex (in a graph).
+
+    `CriticalSection.execute` adds identity ops around every output: a dozen
+    ops per sample. Around one call the mutex ops alone keep the order: the
+    call waits for the lock, the release waits for the call's outputs. It is
+    the section's own mutex, so this excludes `execute` callers as well.
+    """
+    if under_xla():
+        return call()
+    held = tf.raw_ops.MutexLock(mutex=lock._handle)
+    with tf.control_dependencies([held]):
+        out = call()
+    with tf.control_dependencies(tf.nest.flatten(out)):
+        tf.raw_ops.ConsumeMutexLock(mutex_lock=held)  # stateful: tf.function always runs it
+    return out
+
+
+def resolve_seed(seed: Any) -> Any:
+    """`seed`, or TF's global seed with an op seed (so buffers made under one global seed draw apart)."""
+    if seed is not None:
+        return seed
+    global_seed, op_seed = tf.compat.v1.get_seed(None)
+    return None if global_seed is None else [global_seed, op_seed]
+
+
+class TFBuffer(ComposedBuffer):
+    """A composed buffer in `tf.Variable`s; public classes choose its storage and sampler."""
+
+    _ops = TF_OPS
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        batch_size: int,
+        max_length: int,
+        storage: Callable,
+        sampler: Any,
+        episode_rule: Any,
+        *,
+        scope: str,
+        device: str,
+        seed: Any,
+        window_shift: int | None = None,
+        drop_remainder: bool = False,
+        stateful_dataset: bool = False,
+    ):
+        self._device, self._scope, self._seed = device, scope, resolve_seed(seed)
+        super().__init__(
+            data_spec,
+            batch_size,
+            max_length,
+            storage,
+            sampler,
+            episode_rule,
+            window_shift=window_shift,
+            drop_remainder=drop_remainder,
+            stateful_dataset=stateful_dataset,
+            name=re.sub(r"\W", "_", scope) or "buffer",
+        )
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    def _init_state(self) -> None:
+        self._state: dict = {}
+        with tf.device(self._device), tf.name_scope(self._scope):
+            self._rng = (
+                tf.random.Generator.from_non_deterministic_state()
+                if self._seed is None
+                else tf.random.Generator.from_seed(self._seed)
+            )
+        self._lock = tf.CriticalSection(name="lock")
+        self._eager = EagerFunctions()
+        self._native_stacks = True  # off: frames are stacked by XLA (tests compare both)
+
+    def _make(self, name: str, shape: list, dtype: tf.DType) -> tf.Variable:
+        with tf.device(self._device), tf.name_scope(self._scope):
+            variable = tf.Variable(tf.zeros(shape, dtype), trainable=False, name=variable_name(name))
+        self._state[name] = variable
+        return variable
+
+    def frame_stacks(self, frames: tf.Variable, rows: tf.Tensor, history_len: int, num_steps: int | None) -> Any:
+        """Stacks with the native kernel when it is built and the frames are on the CPU, else with XLA."""
+        op = native.frame_stack() if self._native_stacks and stacks.on_cpu(frames) and not under_xla() else None
+        if op is None:
+            return stacks.tf_stacks(frames, rows, history_len, num_steps)
+        return stacks.kernel_stacks(op, frames, rows, history_len, num_steps)
+
+    def _exclusive(self, fn: Callable[[], Any]) -> Any:
+        return tf_exclusive(self._lock, fn)
+
+    def _draw(self, shape: list, total: Any) -> tf.Tensor:
+        return self._rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
+
+    def _check(self, ok: Any, value: Any, message: str) -> Any:
+        if under_xla():
+            return value
+        check = tf.debugging.assert_equal(ok, True, message=message)
+        with tf.control_dependencies([check]):
+            return tf.nest.map_structure(tf.identity, value)
+
+    def _num_frames(self) -> Any:
+        return tf.reduce_sum(tf.minimum(self._num_adds.read_value(), self._max_length))
+
+    def _add_batch(self, items: Nest) -> Any:
+        leaves, asserts = specs.validate_tensor_batch(
+            "add_batch", self._data_spec, self._leaf_paths, items, self._num_segments
+        )
+        if tf.executing_eagerly():
+            signature = [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
+            return self._eager.get("add", self._write, signature)(leaves)
+        with tf.control_dependencies(asserts):
+            return self._write(leaves)
+
+    def _write(self, leaves: list) -> tf.Tensor:
+        segments = tf.range(self._num_segments, dtype=tf.int64)
+        with tf.device(self._device), tf.name_scope(self._scope):
+            return self._exclusive(lambda: self._write_locked([x[None] for x in leaves], segments))
+
+    def _get_next(
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+    ) -> tuple[Nest, BufferInfo]:
+        if not tf.executing_eagerly():
+            items, info = self._sample_tensors(sample_batch_size, num_steps)
+        else:
+            key = f"sample/{sample_batch_size}/{num_steps}"
+            fn = self._eager.get(key, lambda: self._sample_tensors(sample_batch_size, num_steps))
+            try:
+                items, info = fn()
+            except tf.errors.InvalidArgumentError as err:  # the graph's emptiness check
+                message = self.empty_message("get_next", num_steps)
+                if message in err.message.replace("\\'", "'"):  # TF escapes quotes in assertion messages
+                    raise ValueError(message) from None
+                raise
+        return self._split_steps(items, info, sample_batch_size is not None, num_steps, time_stacked)
+
+    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+        size = 1 if sample_batch_size is None else sample_batch_size
+        with tf.device(self._device), tf.name_scope(self._scope):
+            items, ids, probs, count = self._locked_sample(size, num_steps)
+            items, ids, probs = self._guard(count, (items, ids, probs), "get_next", num_steps)
+        return self._package(items, ids, probs, sample_batch_size is not None, num_steps, True)
+
+    def _locked_sample(self, size: int, num_steps: int | None) -> tuple:
+        """Ring windows: one graph under the lock. Through the episode index: an XLA-compiled draw, then the read."""
+        if self._window is None or under_xla():
+            return self._exclusive(lambda: self._read_sample(size, num_steps))
+        plan = self._eager.get(f"plan/{size}/{num_steps}", lambda: self._sample_plan(size, num_steps), jit_compile=True)
+
+        def call() -> tuple:
+            read_plan, ids, probs, count = plan()
+            return self._storage.read(read_plan, num_steps, self._ops), ids, probs, count
+
+        return locked_call(self._lock, call)
+
+    def _gather_all(self) -> Nest:
+        return self._exclusive(self._gather_all_locked)
+
+    def _clear(self) -> Any:
+        return self._exclusive(self._clear_locked)
+
+    def _call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
+        """`fn(*inputs)` on tensors, under the lock."""
+        return self._exclusive(lambda: fn(*inputs))
