@@ -331,17 +331,53 @@ BAD_BUFFERS = [
         ValueError,
         r"TFUniformReplayBuffer.batch_size \(3\) must equal the number of environments \(2\)",
     ),
+    (
+        # One ring takes any number of rows per add, but its windows would join different environments.
+        "one ring over a vector env",
+        lambda: PyUniformReplayBuffer(spec_with(), 10),
+        ValueError,
+        r"StepDriver: PyUniformReplayBuffer.batch_size \(1\) must equal the number of environments \(2\).*"
+        r"create it with batch_size=2, max_length=",
+    ),
+    (
+        "NumPy segments",
+        lambda: PyUniformReplayBuffer(spec_with(), batch_size=3, max_length=5),
+        ValueError,
+        r"PyUniformReplayBuffer.batch_size \(3\) must equal the number of environments \(2\)",
+    ),
 ]
 
 
+@pytest.mark.parametrize("given_to", ["constructor", "add_observer"])
 @pytest.mark.parametrize("as_method", [True, False])
 @pytest.mark.parametrize("name,make_buffer,error,match", BAD_BUFFERS, ids=[c[0] for c in BAD_BUFFERS])
-def test_a_buffer_built_from_another_spec_is_rejected(name, make_buffer, error, match, as_method):
+def test_a_buffer_built_from_another_spec_is_rejected(name, make_buffer, error, match, as_method, given_to):
     rb = make_buffer()
     observer = rb.add_batch if as_method else rb
-    with pytest.raises(error, match=match):
-        StepDriver(make_env("sync", 2, "terminate"), RandomPolicy(CountingEnv().action_space), [observer])
+    env, policy, calls = make_env("sync", 2, "terminate"), RandomPolicy(CountingEnv().action_space), []
+    if given_to == "constructor":
+        with pytest.raises(error, match=match):
+            StepDriver(env, policy, [calls.append, observer])
+    else:
+        driver = StepDriver(env, policy, [calls.append], num_steps=2)
+        with pytest.raises(error, match=match):
+            driver.add_observer(observer)
+        assert driver.observers == (calls.append,)  # the rejected call changed nothing
+        driver.run()
+        assert len(calls) == 1
     assert int(rb.num_frames()) == 0
+
+
+@pytest.mark.parametrize("as_method", [True, False])
+def test_one_ring_buffer_with_a_single_env_keeps_every_transition_in_order(as_method):
+    env = counting_env(0, "terminate")
+    driver = StepDriver(env, RandomPolicy(CountingEnv().action_space, seed=0), num_steps=6)
+    rb = PyUniformReplayBuffer(driver.transition_spec, 10)
+    driver.add_observer(rb.add_batch if as_method else rb)
+    driver.run()
+    stored = rb.gather_all()
+    # Episodes of 2 steps: t = 0, 1, 0, 1, ... and the episode counter every other row.
+    np.testing.assert_array_equal(stored.observation[0, :, 1:], [[e, t] for e in range(3) for t in range(2)])
 
 
 BAD_ARGUMENTS = [

@@ -34,7 +34,6 @@ from gymnasium.vector import AutoresetMode
 from tfreplay import specs
 from tfreplay.replay_buffer import ReplayBuffer
 from tfreplay.specs import Nest
-from tfreplay.uniform_tf import TFUniformReplayBuffer
 
 Policy = Callable[[Nest], Any]
 Observer = Callable[[Any], Any]
@@ -265,7 +264,10 @@ class _Driver:
         Raises:
           TypeError/ValueError: a buffer whose `data_spec` differs from
             `transition_spec` (naming the field), or whose `batch_size` is not
-            the number of environments.
+            the number of environments: a one-ring
+            `PyUniformReplayBuffer(spec, capacity)` (batch_size 1) only fits a
+            single env, since its `num_steps` windows would otherwise join
+            different environments. The observers are then left unchanged.
         """
         self._observers.append(self._check_observer(observer))
 
@@ -297,10 +299,14 @@ class _Driver:
                     f"{self._where}: {name}.data_spec field {path} ({got.dtype.name}{got.shape.as_list()}) must be "
                     f"{want.dtype.name}{want.shape.as_list()} as in driver.transition_spec; create the buffer from it."
                 )
-        if isinstance(buffer, TFUniformReplayBuffer) and buffer.batch_size != self.num_envs:
+        # Any segmented buffer, including a one-ring `PyUniformReplayBuffer(spec, capacity)` (batch_size 1, any
+        # rows per add): fed several environments' rows, its num_steps windows would join different environments.
+        batch_size = getattr(buffer, "batch_size", None)
+        if batch_size is not None and batch_size != self.num_envs:
             raise ValueError(
-                f"{self._where}: {name}.batch_size ({buffer.batch_size}) must equal the number of environments "
-                f"({self.num_envs}); each environment writes to its own segment."
+                f"{self._where}: {name}.batch_size ({batch_size}) must equal the number of environments "
+                f"({self.num_envs}): each environment writes to its own segment, so num_steps windows stay within "
+                f"one environment; create it with batch_size={self.num_envs}, max_length=..."
             )
 
     def _validate(self, source: str, field: str, value: Nest) -> Nest:
@@ -355,7 +361,8 @@ class StepDriver(_Driver):
         (NumPy arrays or tensors with the action space's dtype).
       observers: callables taking a batch of `Transition`s, e.g. `rb.add_batch`
         or a buffer itself. A buffer whose spec differs from
-        `transition_spec` is rejected here.
+        `transition_spec`, or whose `batch_size` is not `num_envs`, is
+        rejected here (see `add_observer`).
       num_steps: transitions per `run()`; a vector env contributes `num_envs`
         per step, so a run takes `ceil(num_steps / num_envs)` steps.
       seed: seed of the first reset (`seed + i` for sub-environment `i`).
