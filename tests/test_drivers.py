@@ -234,6 +234,34 @@ def test_policies():
         EpsilonGreedyPolicy(q_network, gym.spaces.Box(0, 1, (2,)))
 
 
+SPACES = [
+    ("discrete", lambda: gym.spaces.Discrete(5)),
+    ("box", lambda: gym.spaces.Box(-1.0, 1.0, (2,), np.float32)),
+    ("dict", lambda: gym.spaces.Dict({"move": gym.spaces.Discrete(4), "force": gym.spaces.Box(0.0, 1.0, (3,))})),
+]
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+@pytest.mark.parametrize("name,make_space", SPACES, ids=[c[0] for c in SPACES])
+def test_random_policy_leaves_the_callers_space_alone(name, make_space, seed):
+    space, fresh = make_space(), make_space()
+    space.seed(7)
+    fresh.seed(7)
+    space.sample()
+    fresh.sample()  # the caller's generator is in use, not just seeded
+    policy = RandomPolicy(space, seed=seed)
+    policy(np.zeros((4, 3), np.float32))
+    for _ in range(5):
+        np.testing.assert_equal(space.sample(), fresh.sample())
+    # A seeded policy draws the same actions whatever the caller did with its space.
+    if seed is not None:
+        again = make_space()
+        again.sample()
+        np.testing.assert_equal(
+            RandomPolicy(again, seed=seed)(np.zeros((4, 3))), RandomPolicy(make_space(), seed=seed)(np.zeros((4, 3)))
+        )
+
+
 def fixed_policy(actions):
     return lambda observation: actions
 
