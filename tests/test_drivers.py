@@ -22,9 +22,9 @@ class CountingEnv(gym.Env):
     `t`, so an episode of length L returns L (L + 1) / 2.
     """
 
-    def __init__(self, index=0, end="terminate", dict_obs=False, obs_dtype=np.float32, obs_extra=0):
+    def __init__(self, index=0, end="terminate", dict_obs=False, obs_dtype=np.float32, obs_extra=0, reward_shape=()):
         self.index, self.length, self.end, self.dict_obs = index, 2 + index, end, dict_obs
-        self.obs_dtype, self.obs_extra = obs_dtype, obs_extra
+        self.obs_dtype, self.obs_extra, self.reward_shape = obs_dtype, obs_extra, reward_shape
         box = gym.spaces.Box(0.0, 1e6, (3,), np.float32)
         self.observation_space = gym.spaces.Dict({"where": box, "t": gym.spaces.Discrete(100)}) if dict_obs else box
         self.action_space = gym.spaces.Discrete(2)
@@ -43,7 +43,8 @@ class CountingEnv(gym.Env):
         assert self.t < self.length or self.end == "truncate", "stepped past the end of an episode"
         self.t += 1
         terminated = self.end in ("terminate", "both") and self.t >= self.length
-        return self._obs(), float(self.t), terminated, False, {}
+        reward = np.full(self.reward_shape, self.t, np.float32) if self.reward_shape else float(self.t)
+        return self._obs(), reward, terminated, False, {}
 
 
 def counting_env(index=0, end="terminate", **kwargs):
@@ -234,6 +235,34 @@ def test_policies():
         EpsilonGreedyPolicy(q_network, gym.spaces.Box(0, 1, (2,)))
 
 
+SPACES = [
+    ("discrete", lambda: gym.spaces.Discrete(5)),
+    ("box", lambda: gym.spaces.Box(-1.0, 1.0, (2,), np.float32)),
+    ("dict", lambda: gym.spaces.Dict({"move": gym.spaces.Discrete(4), "force": gym.spaces.Box(0.0, 1.0, (3,))})),
+]
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+@pytest.mark.parametrize("name,make_space", SPACES, ids=[c[0] for c in SPACES])
+def test_random_policy_leaves_the_callers_space_alone(name, make_space, seed):
+    space, fresh = make_space(), make_space()
+    space.seed(7)
+    fresh.seed(7)
+    space.sample()
+    fresh.sample()  # the caller's generator is in use, not just seeded
+    policy = RandomPolicy(space, seed=seed)
+    policy(np.zeros((4, 3), np.float32))
+    for _ in range(5):
+        np.testing.assert_equal(space.sample(), fresh.sample())
+    # A seeded policy draws the same actions whatever the caller did with its space.
+    if seed is not None:
+        again = make_space()
+        again.sample()
+        np.testing.assert_equal(
+            RandomPolicy(again, seed=seed)(np.zeros((4, 3))), RandomPolicy(make_space(), seed=seed)(np.zeros((4, 3)))
+        )
+
+
 def fixed_policy(actions):
     return lambda observation: actions
 
@@ -299,6 +328,39 @@ def test_an_env_that_does_not_fit_its_space_fails_clearly(name, kwargs, error, m
     assert calls == []
 
 
+class MangledStep(gym.vector.VectorWrapper):
+    """Returns one of `step()`'s per-env arrays with an extra dimension."""
+
+    def __init__(self, env, field):
+        super().__init__(env)
+        self.position = {"reward": 1, "terminated": 2, "truncated": 3}[field]
+
+    def step(self, actions):
+        outputs = list(self.env.step(actions))
+        outputs[self.position] = np.asarray(outputs[self.position])[:, None]
+        return tuple(outputs)
+
+
+BAD_STEPS = [
+    # name, env, match: every field is checked before the first observer is called
+    ("single env reward", lambda: counting_env(reward_shape=(2,)), r"reward has shape \(1, 2\); it must be \[batch\]"),
+    ("vector reward", lambda: MangledStep(make_env("sync", 2, "terminate"), "reward"), r"reward has shape \(2, 1\)"),
+    ("terminated", lambda: MangledStep(make_env("sync", 2, "terminate"), "terminated"), r"terminated has shape"),
+    ("truncated", lambda: MangledStep(make_env("sync", 2, "terminate"), "truncated"), r"truncated has shape"),
+]
+
+
+@pytest.mark.parametrize("name,make,match", BAD_STEPS, ids=[c[0] for c in BAD_STEPS])
+def test_a_bad_step_output_fails_before_any_observer_is_called(name, make, match):
+    env, calls = make(), []
+    driver = StepDriver(env, RandomPolicy(CountingEnv().action_space), [calls.append])
+    rb = PyUniformReplayBuffer(driver.transition_spec, batch_size=driver.num_envs, max_length=4)
+    driver.add_observer(rb)
+    with pytest.raises(ValueError, match=r"StepDriver \(env\): " + match):
+        driver.run()
+    assert calls == [] and int(rb.num_frames()) == 0
+
+
 def spec_with(**changes):
     return transition_spec(CountingEnv().observation_space, CountingEnv().action_space)._replace(**changes)
 
@@ -331,17 +393,53 @@ BAD_BUFFERS = [
         ValueError,
         r"TFUniformReplayBuffer.batch_size \(3\) must equal the number of environments \(2\)",
     ),
+    (
+        # One ring takes any number of rows per add, but its windows would join different environments.
+        "one ring over a vector env",
+        lambda: PyUniformReplayBuffer(spec_with(), 10),
+        ValueError,
+        r"StepDriver: PyUniformReplayBuffer.batch_size \(1\) must equal the number of environments \(2\).*"
+        r"create it with batch_size=2, max_length=",
+    ),
+    (
+        "NumPy segments",
+        lambda: PyUniformReplayBuffer(spec_with(), batch_size=3, max_length=5),
+        ValueError,
+        r"PyUniformReplayBuffer.batch_size \(3\) must equal the number of environments \(2\)",
+    ),
 ]
 
 
+@pytest.mark.parametrize("given_to", ["constructor", "add_observer"])
 @pytest.mark.parametrize("as_method", [True, False])
 @pytest.mark.parametrize("name,make_buffer,error,match", BAD_BUFFERS, ids=[c[0] for c in BAD_BUFFERS])
-def test_a_buffer_built_from_another_spec_is_rejected(name, make_buffer, error, match, as_method):
+def test_a_buffer_built_from_another_spec_is_rejected(name, make_buffer, error, match, as_method, given_to):
     rb = make_buffer()
     observer = rb.add_batch if as_method else rb
-    with pytest.raises(error, match=match):
-        StepDriver(make_env("sync", 2, "terminate"), RandomPolicy(CountingEnv().action_space), [observer])
+    env, policy, calls = make_env("sync", 2, "terminate"), RandomPolicy(CountingEnv().action_space), []
+    if given_to == "constructor":
+        with pytest.raises(error, match=match):
+            StepDriver(env, policy, [calls.append, observer])
+    else:
+        driver = StepDriver(env, policy, [calls.append], num_steps=2)
+        with pytest.raises(error, match=match):
+            driver.add_observer(observer)
+        assert driver.observers == (calls.append,)  # the rejected call changed nothing
+        driver.run()
+        assert len(calls) == 1
     assert int(rb.num_frames()) == 0
+
+
+@pytest.mark.parametrize("as_method", [True, False])
+def test_one_ring_buffer_with_a_single_env_keeps_every_transition_in_order(as_method):
+    env = counting_env(0, "terminate")
+    driver = StepDriver(env, RandomPolicy(CountingEnv().action_space, seed=0), num_steps=6)
+    rb = PyUniformReplayBuffer(driver.transition_spec, 10)
+    driver.add_observer(rb.add_batch if as_method else rb)
+    driver.run()
+    stored = rb.gather_all()
+    # Episodes of 2 steps: t = 0, 1, 0, 1, ... and the episode counter every other row.
+    np.testing.assert_array_equal(stored.observation[0, :, 1:], [[e, t] for e in range(3) for t in range(2)])
 
 
 BAD_ARGUMENTS = [
@@ -388,3 +486,76 @@ def test_make_vector_env_uses_same_step_autoreset_on_cartpole(asynchronous):
     env.close()
     finals = np.concatenate([b.next_observation[b.terminated] for b in batches])
     assert len(finals) and ((np.abs(finals[:, 0]) > 2.4) | (np.abs(finals[:, 2]) > 0.2094)).all()
+
+
+class Flaky:
+    """An observer that raises on its first call and records the batches after."""
+
+    def __init__(self):
+        self.calls, self.got = 0, []
+
+    def __call__(self, transitions):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("flaky observer: disk full")
+        self.got.append(transitions)
+
+
+OBSERVER_FAILURES = [
+    # name, observers ("r": records with list.append, "f": Flaky, "b": a buffer), what the note says
+    (
+        "first",
+        "frr",
+        r"observer 0 \(Flaky\) raised on this step\. Observers 1 \(list.append\), 2 \(list.append\) received",
+    ),
+    (
+        "middle",
+        "rfr",
+        r"observer 1 \(Flaky\) raised on this step\. Observers 0 \(list.append\), 2 \(list.append\) received",
+    ),
+    (
+        "last",
+        "rrf",
+        r"observer 2 \(Flaky\) raised on this step\. Observers 0 \(list.append\), 1 \(list.append\) received",
+    ),
+    (
+        "after a buffer",
+        "bf",
+        r"observer 1 \(Flaky\) raised on this step\. Observer 0 \(PyUniformReplayBuffer.add_batch\) received",
+    ),
+    (
+        "two",
+        "frf",
+        r"observer 0 \(Flaky\) raised on this step\. Observer 2 \(Flaky\) raised too: RuntimeError: flaky observer: "
+        r"disk full\. Observer 1 \(list.append\) received",
+    ),
+    ("the only one", "f", r"observer 0 \(Flaky\) raised on this step\. No other observer received the batch"),
+]
+
+
+@pytest.mark.parametrize("name,layout,match", OBSERVER_FAILURES, ids=[c[0] for c in OBSERVER_FAILURES])
+def test_a_failing_observer_does_not_put_the_others_out_of_step(name, layout, match):
+    env = make_env("sync", 2, "terminate")
+    driver = StepDriver(env, RandomPolicy(CountingEnv().action_space, seed=0), num_steps=2)
+    rb = PyUniformReplayBuffer(driver.transition_spec, batch_size=2, max_length=10)
+    made = {"r": lambda: [].append, "f": Flaky, "b": lambda: rb.add_batch}
+    for kind in layout:
+        driver.add_observer(made[kind]())
+    note = "flaky observer: disk full\nStepDriver: " + match + r".*The step is counted"
+    with pytest.raises(RuntimeError, match=note):
+        driver.run()
+    recorders = [o.__self__ for o in driver.observers if getattr(o, "__name__", "") == "append"]
+    flaky = [o for o in driver.observers if isinstance(o, Flaky)]
+    assert driver.num_env_steps == 2  # the env stepped; every observer but the failing ones got the batch
+    assert all(len(r) == 1 for r in recorders) and all(f.got == [] for f in flaky)
+    assert int(rb.num_frames()) == 2 * ("b" in layout)
+    driver.run()
+    driver.run()  # no error: the next steps go to every observer, and the failed step is not sent again
+    assert driver.num_env_steps == 6
+    assert all(len(r) == 3 and r[1:] == f.got for r in recorders for f in flaky)
+    assert int(rb.num_frames()) == 6 * ("b" in layout)
+    for batches in recorders + [f.got for f in flaky]:
+        check_transitions(batches, "terminate")
+        for before, after in zip(batches, batches[1:]):
+            going_on = ~before.terminated
+            np.testing.assert_array_equal(after.observation[going_on], before.next_observation[going_on])

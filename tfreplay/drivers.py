@@ -20,6 +20,18 @@ the observation of the next episode. All three gymnasium autoreset modes work:
 `info["final_obs"]`; with `NEXT_STEP` (gymnasium's default) or `DISABLED` the
 driver resets finished sub-environments itself (`reset_mask`), so the wasted
 "reset step" of `NEXT_STEP` never happens and no fake transition exists.
+
+A step is as close to all-or-nothing across observers as it can be. Whatever
+the driver can check is checked before the first observer is called: a buffer
+observer's spec and `batch_size` when it is added, the policy's actions and
+every field of the env's outputs at each step; a failure there reaches no
+observer and leaves the counters as they were. Then every observer is called,
+in order, with the same batch, even if one raises (what an observer took
+cannot be taken back, so the others take it too): the first error is re-raised
+with a note naming the observers that raised and those that received the
+batch. The env did step, so the counters (`num_env_steps`, `num_episodes`,
+updated before the observers run) include the step and the next `run()`
+continues with the next one, never sending this batch again.
 """
 
 from __future__ import annotations
@@ -31,10 +43,10 @@ import numpy as np
 import tensorflow as tf
 from gymnasium.vector import AutoresetMode
 
-from tfreplay.buffers import TFUniformReplayBuffer
 from tfreplay.core import specs
 from tfreplay.core.api import ReplayBuffer
 from tfreplay.core.specs import Nest
+from tfreplay.observers import call_observers
 
 Policy = Callable[[Nest], Any]
 Observer = Callable[[Any], Any]
@@ -226,7 +238,7 @@ class _Driver:
             raise TypeError(f"{where}: policy ({policy!r}) must be callable: a batch of observations -> actions.")
         self.policy = policy
         self._spec = transition_spec(self._env.observation_space, self._env.action_space)
-        self._paths = {f: _prefixed_paths(f, getattr(self._spec, f)) for f in ("observation", "action")}
+        self._paths = {f: _prefixed_paths(f, getattr(self._spec, f)) for f in Transition._fields}
         self._observers: list[Observer] = []
         for observer in observers:
             self.add_observer(observer)
@@ -265,7 +277,10 @@ class _Driver:
         Raises:
           TypeError/ValueError: a buffer whose `data_spec` differs from
             `transition_spec` (naming the field), or whose `batch_size` is not
-            the number of environments.
+            the number of environments: a one-ring
+            `PyUniformReplayBuffer(spec, capacity)` (batch_size 1) only fits a
+            single env, since its `num_steps` windows would otherwise join
+            different environments. The observers are then left unchanged.
         """
         self._observers.append(self._check_observer(observer))
 
@@ -297,10 +312,14 @@ class _Driver:
                     f"{self._where}: {name}.data_spec field {path} ({got.dtype.name}{got.shape.as_list()}) must be "
                     f"{want.dtype.name}{want.shape.as_list()} as in driver.transition_spec; create the buffer from it."
                 )
-        if isinstance(buffer, TFUniformReplayBuffer) and buffer.batch_size != self.num_envs:
+        # Any segmented buffer, including a one-ring `PyUniformReplayBuffer(spec, capacity)` (batch_size 1, any
+        # rows per add): fed several environments' rows, its num_steps windows would join different environments.
+        batch_size = getattr(buffer, "batch_size", None)
+        if batch_size is not None and batch_size != self.num_envs:
             raise ValueError(
-                f"{self._where}: {name}.batch_size ({buffer.batch_size}) must equal the number of environments "
-                f"({self.num_envs}); each environment writes to its own segment."
+                f"{self._where}: {name}.batch_size ({batch_size}) must equal the number of environments "
+                f"({self.num_envs}): each environment writes to its own segment, so num_steps windows stay within "
+                f"one environment; create it with batch_size={self.num_envs}, max_length=..."
             )
 
     def _validate(self, source: str, field: str, value: Nest) -> Nest:
@@ -318,31 +337,38 @@ class _Driver:
         return tf.nest.pack_sequence_as(spec, arrays)
 
     def _step(self) -> Transition:
-        """One step of every sub-environment; calls the observers; returns the batch."""
+        """One step of every sub-environment; calls the observers; returns the batch.
+
+        Every check (the policy's actions, every field of the env's outputs)
+        runs before the first observer is called. The env cannot step back, so
+        the driver's state follows it before the observers run;
+        `observers.call_observers` then gives the batch to every observer even
+        if one raises.
+        """
         if self._observation is None:
             self._observation = self._validate("env", "observation", self._env.reset(self._seed))
             self._first[:] = True
         action = self._validate("policy output", "action", self.policy(self._observation))
         next_obs, reward, terminated, truncated, following = self._env.step(action)
-        next_obs = self._validate("env", "next_observation", next_obs)
-        following = self._validate("env", "observation", following)
-        terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
+        env_field = lambda field, value: self._validate("env", field, value)  # noqa: E731
+        terminated = env_field("terminated", np.asarray(terminated, bool))
+        truncated = env_field("truncated", np.asarray(truncated, bool))
         transition = Transition(
             observation=self._observation,
             action=action,
-            reward=np.asarray(reward, np.float32),
+            reward=env_field("reward", np.asarray(reward, np.float32)),
             discount=np.where(terminated, 0.0, 1.0).astype(np.float32),
-            next_observation=next_obs,
+            next_observation=env_field("next_observation", next_obs),
             step_type=np.where(self._first, StepType.FIRST, StepType.MID).astype(np.int32),
             terminated=terminated,
             truncated=truncated,
         )
+        following = env_field("observation", following)
         done = np.logical_or(terminated, truncated)
         self._observation, self._first = following, done
         self.num_env_steps += self.num_envs
         self.num_episodes += int(done.sum())
-        for observer in self._observers:
-            observer(transition)
+        call_observers(self._where, self._observers, transition)
         return transition
 
 
@@ -355,15 +381,19 @@ class StepDriver(_Driver):
         (NumPy arrays or tensors with the action space's dtype).
       observers: callables taking a batch of `Transition`s, e.g. `rb.add_batch`
         or a buffer itself. A buffer whose spec differs from
-        `transition_spec` is rejected here.
+        `transition_spec`, or whose `batch_size` is not `num_envs`, is
+        rejected here (see `add_observer`).
       num_steps: transitions per `run()`; a vector env contributes `num_envs`
         per step, so a run takes `ceil(num_steps / num_envs)` steps.
       seed: seed of the first reset (`seed + i` for sub-environment `i`).
 
     Raises:
       TypeError/ValueError: in `run()`, at the first step, when the policy's
-        actions or the env's observations do not fit the spec (naming the
-        field); observers are not called for that step.
+        actions or the env's outputs do not fit the spec (naming the field);
+        observers are not called for that step.
+      Exception: in `run()`, what an observer raised, once every other
+        observer has received the batch; a note names who raised and who
+        received it (see the module docstring). The next `run()` continues.
     """
 
     def __init__(

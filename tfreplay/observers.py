@@ -7,17 +7,74 @@ vector env's interleaved episodes are kept apart:
     returns = AverageReturn()
     driver = StepDriver(env, policy, observers=[rb.add_batch, returns])
     driver.run(); returns.result()
+
+`call_observers` is how a driver calls them: every observer gets every batch,
+even when one of them raises.
 """
 
 from __future__ import annotations
 
 import collections
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tfreplay.core import specs
+
+
+def observer_name(observer: Callable) -> str:
+    """A short name for error messages: `list.append`, `AverageReturn`, `my_fn`."""
+    owner = getattr(observer, "__self__", None)
+    if owner is not None and not isinstance(owner, type) and hasattr(observer, "__name__"):
+        return f"{type(owner).__name__}.{observer.__name__}"
+    return getattr(observer, "__qualname__", None) or type(observer).__name__
+
+
+def call_observers(where: str, observers: Sequence[Callable], batch: Any) -> None:
+    """Calls every observer with `batch`, in order, even if some raise.
+
+    A failure cannot be undone in the observers that already took the batch,
+    so the others take it too: afterwards only the failing observers miss it.
+    The first failure is then re-raised (same exception, same type) with a
+    note naming the observers that raised and those that received the batch.
+
+    Raises:
+      Exception: the first observer's exception; `BaseException`s that are not
+        `Exception`s (KeyboardInterrupt) propagate at once.
+    """
+    failures: dict[int, Exception] = {}
+    for i, observer in enumerate(observers):
+        try:
+            observer(batch)
+        except Exception as raised:  # re-raised below, once the others have the batch
+            failures[i] = raised
+    if failures:
+        first = next(iter(failures.values()))
+        _add_note(first, _failure_note(where, observers, failures))
+        raise first
+
+
+def _failure_note(where: str, observers: Sequence[Callable], failures: dict[int, Exception]) -> str:
+    label = lambda i: f"{i} ({observer_name(observers[i])})"  # noqa: E731
+    first, *others = failures
+    lines = [f"{where}: observer {label(first)} raised on this step."]
+    lines += [f"Observer {label(i)} raised too: {type(failures[i]).__name__}: {failures[i]}." for i in others]
+    received = [label(i) for i in range(len(observers)) if i not in failures]
+    if received:
+        lines.append(f"Observer{'s' if len(received) > 1 else ''} {', '.join(received)} received the batch.")
+    else:
+        lines.append("No other observer received the batch.")
+    lines.append("The step is counted and the next run() continues with the next step.")
+    return " ".join(lines)
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    # BaseException.add_note is Python 3.11+; before, tools such as pytest still read __notes__.
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # pragma: no cover (Python < 3.11)
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 class _EpisodeMetric:

@@ -7,6 +7,7 @@ around a Keras Q-network for DQN.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Union
 
 import gymnasium as gym
@@ -25,16 +26,20 @@ def _batch_size(observation: Nest) -> int:
 class RandomPolicy:
     """Samples each action uniformly from a (single-environment) action space.
 
+    The policy samples from its own copy of the space, so the caller's space
+    (often the env's own `action_space`) keeps its random state: seeding or
+    drawing here never changes what the caller's `sample()` returns.
+
     Args:
       action_space: the space of one action (`env.single_action_space` for a
-        vector env).
+        vector env); copied, not modified.
       seed: seed of the sampling; `None` for a fresh one.
     """
 
     def __init__(self, action_space: gym.Space, seed: int | None = None):
         if not isinstance(action_space, gym.Space):
             raise TypeError(f"RandomPolicy: action_space ({action_space!r}) must be a gymnasium.Space.")
-        self.action_space = action_space
+        self.action_space = copy.deepcopy(action_space)
         self.action_space.seed(seed)
 
     def __call__(self, observation: Nest) -> Nest:
