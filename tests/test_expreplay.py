@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import threading
 import time
+import weakref
 
 import gymnasium as gym
 import numpy as np
@@ -280,6 +283,64 @@ def test_a_failing_player_is_reported():
     with replay(get_player=factory(fail_at=5)) as er:
         with pytest.raises(RuntimeError, match="ExpReplay: a player failed: RuntimeError\\('simulator crashed'\\)"):
             next(iter(er))
+
+
+def still_running(threads: list[threading.Thread], timeout: float = 10.0) -> list[threading.Thread]:
+    """The threads still alive after waiting at most `timeout` seconds for all of them."""
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [thread for thread in threads if thread.is_alive()]
+
+
+def run_and_drop(how: str, num_batches: int = 2, **overrides) -> list[threading.Thread]:
+    """Takes `num_batches` from a replay, lets it go `how`, and returns the threads it had started."""
+    before = set(threading.enumerate())
+    er = replay(**overrides)
+    with er if how == "with" else contextlib.nullcontext():
+        batches = iter(er)
+        for _ in range(num_batches):
+            next(batches)
+        started = [t for t in threading.enumerate() if t not in before]
+        assert len(started) >= 4  # one thread per player
+    if how == "close":
+        er.close()
+        er.close()  # idempotent
+    alive = weakref.ref(er)
+    del er, batches
+    gc.collect()
+    if how == "del":
+        assert alive() is None  # nothing the players hold keeps it alive
+    return started
+
+
+@pytest.mark.parametrize("how", ["del", "close", "with"])
+def test_the_players_stop_once_the_replay_is_dropped_or_closed(how):
+    baseline = threading.active_count()
+    started = run_and_drop(how)
+    assert still_running(started) == []
+    assert threading.active_count() <= baseline
+
+
+def test_a_dropped_replay_skips_the_steps_nobody_will_sample():
+    # The first batch requests 20,000 more steps; taking them at 10 ms each would take 50 s.
+    started = run_and_drop("del", num_batches=1, get_player=factory(delay=0.01), update_frequency=20_000)
+    assert still_running(started, timeout=5.0) == []
+
+
+def test_a_failed_player_is_reported_on_every_call_and_its_replay_still_stops():
+    before = set(threading.enumerate())
+    er = replay(get_player=factory(fail_at=5))
+    message = "ExpReplay: a player failed: RuntimeError\\('simulator crashed'\\)"
+    for _ in range(2):  # the first call that waits for the players, and every later one
+        with pytest.raises(RuntimeError, match=message):
+            next(iter(er))
+        with pytest.raises(RuntimeError, match=message):
+            er.join()
+    started = [t for t in threading.enumerate() if t not in before]
+    del er
+    gc.collect()
+    assert still_running(started) == []
 
 
 class BoxActions(CounterEnv):

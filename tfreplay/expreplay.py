@@ -11,7 +11,9 @@ player, so each frame is stored once. Iterating yields batches
   batch waits for them, so the step count is exact);
 * `state` stacks the last `history_len` frames on a new last axis, zeros
   before an episode's first frame; `isOver` is `terminated`: a truncated
-  episode's last step keeps its real next state and should bootstrap.
+  episode's last step keeps its real next state and should bootstrap;
+* `close()`, or leaving a `with` block, stops the players; so does
+  garbage-collecting a replay nobody closed (the threads hold no reference to it).
 
 Example:
   >>> replay = ExpReplay(model, make_env, num_parallel_players=4, state_shape=(84, 84),
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import gymnasium as gym
@@ -61,6 +64,24 @@ class _Player:
         """The stacked state `[*shape, history_len]`, zeros before the episode's first frame."""
         zeros = [np.zeros_like(self.frames[0])] * (self.history_len - len(self.frames))
         return np.stack(zeros + self.frames, axis=-1)
+
+
+class _Shared:
+    """What the player threads and the consumer share.
+
+    It holds no reference to the `ExpReplay`: the threads run `_work` on it, so a
+    replay dropped without `close()` is still collected, and its finalizer stops them.
+    """
+
+    def __init__(self, predictor: Callable[[np.ndarray], Any], buffer: PyFrameReplayBuffer, num_players: int):
+        self.predictor, self.buffer = predictor, buffer
+        self.jobs: queue.Queue = queue.Queue()  # an exploration rate per step to take; None ends a thread
+        self.stop = threading.Event()  # set when nobody will sample: pending steps are skipped
+        self.lock = threading.Lock()  # guards steps and finished
+        self.steps = [0] * num_players
+        self.finished: list[tuple[float, int]] = []  # (return, length) of finished episodes
+        self.threads: list[threading.Thread] = []
+        self.error: BaseException | None = None  # a player's first failure, re-raised to the consumer
 
 
 class ExpReplay:
@@ -112,26 +133,37 @@ class ExpReplay:
             update_frequency,
             history_len,
         )
-        self.predictor, self.batch_size = predictor, int(batch_size)
+        self.batch_size = int(batch_size)
         self.state_shape, self.state_dtype = tuple(int(d) for d in state_shape), tf.as_dtype(state_dtype)
         self.init_memory_size, self.update_frequency = int(init_memory_size), int(update_frequency)
         self.history_len = int(history_len)
         self._exploration = 1.0
-        self.buffer = PyFrameReplayBuffer(
+        buffer = PyFrameReplayBuffer(
             frame_data_spec(self.state_shape, self.state_dtype, tf.TensorSpec([], tf.int32, "action")),
             batch_size=num_parallel_players,
             max_length=memory_size // num_parallel_players,
             history_len=history_len,
             seed=seed,
         )
+        self._shared = _Shared(predictor, buffer, num_parallel_players)
         self._players = [self._new_player(k, get_player, seed) for k in range(num_parallel_players)]
-        self._jobs: queue.Queue = queue.Queue()
-        self._count_lock = threading.Lock()
-        self._steps = [0] * num_parallel_players
-        self._finished: list[tuple[float, int]] = []  # (return, length) of finished episodes
-        self._threads: list[threading.Thread] = []
         self._closed = False
-        self._error: BaseException | None = None
+        # Dropped without close(): stop the threads (they would otherwise wait for steps for ever).
+        self._finalizer = weakref.finalize(self, _stop_players, self._shared)
+
+    @property
+    def predictor(self) -> Callable[[np.ndarray], Any]:
+        """The Q-network the players act with; assigning a new one takes effect on the next step."""
+        return self._shared.predictor
+
+    @predictor.setter
+    def predictor(self, value: Callable[[np.ndarray], Any]) -> None:
+        self._shared.predictor = value
+
+    @property
+    def buffer(self) -> PyFrameReplayBuffer:
+        """The frame buffer the players write to and batches are drawn from."""
+        return self._shared.buffer
 
     @property
     def exploration(self) -> float:
@@ -147,13 +179,13 @@ class ExpReplay:
     @property
     def num_transitions_added(self) -> int:
         """Environment steps taken so far; each step added one transition."""
-        with self._count_lock:
-            return sum(self._steps)
+        with self._shared.lock:
+            return sum(self._shared.steps)
 
     @property
     def steps_per_player(self) -> list[int]:
-        with self._count_lock:
-            return list(self._steps)
+        with self._shared.lock:
+            return list(self._shared.steps)
 
     def episode_stats(self, reset: bool = True) -> dict[str, float]:
         """Episodes the players finished since the last reset, as tensorpack logs them.
@@ -162,10 +194,10 @@ class ExpReplay:
         when none finished). A training loop reads it every few thousand
         steps to follow learning; `reset=False` keeps counting.
         """
-        with self._count_lock:
-            finished = list(self._finished)
+        with self._shared.lock:
+            finished = list(self._shared.finished)
             if reset:
-                self._finished.clear()
+                self._shared.finished.clear()
         returns = np.array([r for r, _ in finished], np.float64)
         lengths = np.array([n for _, n in finished], np.float64)
         return {
@@ -178,31 +210,40 @@ class ExpReplay:
     def start(self) -> None:
         """Starts the player threads and fills the initial memory (once; iteration calls it)."""
         self._check_open()
-        if self._threads:
+        if self._shared.threads:
             return
         for player in self._players:
             thread = threading.Thread(
-                target=self._work, args=(player,), name=f"ExpReplay-player-{player.index}", daemon=True
+                target=_work, args=(self._shared, player), name=f"ExpReplay-player-{player.index}", daemon=True
             )
             thread.start()
-            self._threads.append(thread)
+            self._shared.threads.append(thread)
         self._request(self.init_memory_size, exploration=1.0)
         self.join()
 
     def join(self) -> None:
         """Waits until every requested step has run; re-raises a player's failure."""
         self._check_open()
-        self._jobs.join()
-        if self._error is not None:
-            raise RuntimeError(f"{_WHERE}: a player failed: {self._error!r}") from self._error
+        self._shared.jobs.join()
+        error = self._shared.error
+        if error is not None:
+            raise RuntimeError(f"{_WHERE}: a player failed: {error!r}") from error
 
     def close(self) -> None:
-        """Stops the player threads (after the steps already requested)."""
-        for _ in self._threads:
-            self._jobs.put(None)
-        for thread in self._threads:
-            thread.join()
+        """Stops the player threads after the steps already requested, and waits for them.
+
+        Calling it again does nothing. A replay dropped without `close()` stops its
+        threads too, once it is garbage collected, skipping the steps still pending.
+        """
+        if self._closed:
+            return
         self._closed = True
+        self._finalizer.detach()
+        for _ in self._shared.threads:
+            self._shared.jobs.put(None)
+        for thread in self._shared.threads:
+            if thread is not threading.current_thread():
+                thread.join()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -234,7 +275,11 @@ class ExpReplay:
         return (items["observation"], items["action"], items["reward"], items["next_observation"], items["terminated"])
 
     def as_dataset(self) -> tf.data.Dataset:
-        """The batches as a `tf.data.Dataset` (it shares this object's players and memory)."""
+        """The batches as a `tf.data.Dataset` (it shares this object's players and memory).
+
+        TensorFlow keeps a generator dataset's source alive until the process ends,
+        so this replay is never collected: call `close()` (or use `with`) when done.
+        """
         state = tf.TensorSpec([self.batch_size, *self.state_shape, self.history_len], self.state_dtype)
         signature = (
             state,
@@ -247,62 +292,7 @@ class ExpReplay:
 
     def _request(self, num_steps: int, exploration: float) -> None:
         for _ in range(num_steps):
-            self._jobs.put(exploration)
-
-    def _work(self, player: _Player) -> None:
-        while True:
-            exploration = self._jobs.get()
-            try:
-                if exploration is None:
-                    return
-                if self._error is None:
-                    self._step(player, exploration)
-            except BaseException as err:  # reported to the consumer by join()
-                self._error = self._error or err
-            finally:
-                self._jobs.task_done()
-
-    def _step(self, player: _Player, exploration: float) -> None:
-        """One environment step, written with its frame (and the next reset frame) in one call."""
-        if player.rng.random() < exploration:
-            action = int(player.rng.integers(player.num_actions))
-        else:
-            action = int(np.argmax(np.asarray(self.predictor(player.state()[None]))[0]))
-        obs, reward, terminated, truncated, _ = player.env.step(action)
-        rows = [self._row(obs, False, action, float(reward), bool(terminated), bool(truncated))]
-        player.push(obs)
-        player.episode_return += float(reward)
-        player.episode_length += 1
-        finished = None
-        if terminated or truncated:
-            finished = (player.episode_return, player.episode_length)
-            player.episode_return, player.episode_length = 0.0, 0
-            obs, _ = player.env.reset()
-            rows.append(self._row(obs, True))
-            player.start(obs)
-        self.buffer.add_sequence({k: np.stack([r[k] for r in rows]) for k in rows[0]}, segment=player.index)
-        with self._count_lock:
-            self._steps[player.index] += 1
-            if finished is not None:
-                self._finished.append(finished)
-
-    def _row(
-        self,
-        obs: Any,
-        first: bool,
-        action: int = 0,
-        reward: float = 0.0,
-        terminated: bool = False,
-        truncated: bool = False,
-    ) -> dict:
-        return {
-            "frame": np.asarray(obs),
-            "first": np.bool_(first),
-            "action": np.int32(action),
-            "reward": np.float32(reward),
-            "terminated": np.bool_(terminated),
-            "truncated": np.bool_(truncated),
-        }
+            self._shared.jobs.put(exploration)
 
     def _new_player(self, index: int, get_player: Callable[[], gym.Env], seed: int | None) -> _Player:
         env = get_player()
@@ -323,8 +313,76 @@ class ExpReplay:
             )
         player = _Player(index, env, self.history_len, seed)
         player.start(obs)
-        self.buffer.add_sequence({k: v[None] for k, v in self._row(obs, True).items()}, segment=index)
+        self.buffer.add_sequence({k: v[None] for k, v in _row(obs, True).items()}, segment=index)
         return player
+
+
+def _stop_players(shared: _Shared) -> None:
+    """The finalizer of a dropped `ExpReplay`: skip the pending steps and wake every thread to exit.
+
+    It may run in any thread (whichever collected the replay), so it signals and never joins.
+    """
+    shared.stop.set()
+    for _ in shared.threads:
+        shared.jobs.put(None)
+
+
+def _work(shared: _Shared, player: _Player) -> None:
+    """A player thread: takes one step per job until a `None` job."""
+    while True:
+        exploration = shared.jobs.get()
+        try:
+            if exploration is None:
+                return
+            if shared.error is None and not shared.stop.is_set():
+                _step(shared, player, exploration)
+        except BaseException as err:  # reported to the consumer by join()
+            shared.error = shared.error or err
+        finally:
+            shared.jobs.task_done()
+
+
+def _step(shared: _Shared, player: _Player, exploration: float) -> None:
+    """One environment step, written with its frame (and the next reset frame) in one call."""
+    if player.rng.random() < exploration:
+        action = int(player.rng.integers(player.num_actions))
+    else:
+        action = int(np.argmax(np.asarray(shared.predictor(player.state()[None]))[0]))
+    obs, reward, terminated, truncated, _ = player.env.step(action)
+    rows = [_row(obs, False, action, float(reward), bool(terminated), bool(truncated))]
+    player.push(obs)
+    player.episode_return += float(reward)
+    player.episode_length += 1
+    finished = None
+    if terminated or truncated:
+        finished = (player.episode_return, player.episode_length)
+        player.episode_return, player.episode_length = 0.0, 0
+        obs, _ = player.env.reset()
+        rows.append(_row(obs, True))
+        player.start(obs)
+    shared.buffer.add_sequence({k: np.stack([r[k] for r in rows]) for k in rows[0]}, segment=player.index)
+    with shared.lock:
+        shared.steps[player.index] += 1
+        if finished is not None:
+            shared.finished.append(finished)
+
+
+def _row(
+    obs: Any,
+    first: bool,
+    action: int = 0,
+    reward: float = 0.0,
+    terminated: bool = False,
+    truncated: bool = False,
+) -> dict:
+    return {
+        "frame": np.asarray(obs),
+        "first": np.bool_(first),
+        "action": np.int32(action),
+        "reward": np.float32(reward),
+        "terminated": np.bool_(terminated),
+        "truncated": np.bool_(truncated),
+    }
 
 
 def _check_args(
