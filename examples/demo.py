@@ -1,13 +1,14 @@
 """Train a Double-DQN agent on CartPole-v1 from a tfreplay buffer (`make demo`).
 
-    python -m examples.demo                      # about a minute or two on 2 cores
+    python -m examples.demo                      # a few minutes on 2 cores
     python -m examples.demo --steps=80000 --resume   # continue the saved run
     tensorboard --logdir runs/demo/tensorboard
 
 A vectorised collect driver feeds a `TFUniformReplayBuffer` through its
-`add_batch` observer; the learner reads `as_dataset(sample_batch_size=64,
-num_steps=2)`. Writes checkpoints (agent + buffer), TensorBoard summaries,
-`history.json` and `learning_curve.png` under `--output_dir`.
+`add_batch` observer; the learner reads batches of 128 single transitions
+(`as_dataset(sample_batch_size=128)`, each with its `next_observation`).
+Writes checkpoints (agent + buffer), TensorBoard summaries, `history.json` and
+`learning_curve.png` under `--output_dir`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def test_a_short_training_run_lowers_the_loss_and_changes_the_q_network(buffer_c
     # Targets only move every 10_000 steps: the loss is a regression loss and must fall.
     agent = DqnAgent(OBS, 2, make_q_network(OBS, 2, seed=0), target_update_period=10_000)
     before = weights(agent.q_network)
-    dataset = rb.as_dataset(sample_batch_size=64, num_steps=2)
+    dataset = rb.as_dataset(sample_batch_size=64)  # single transitions, as train_dqn reads them
     losses = [float(agent.train(experience).loss) for experience in dataset.take(300)]
     assert np.mean(losses[-30:]) < 0.3 * np.mean(losses[:30])
     assert any(not np.allclose(a, b) for a, b in zip(before, weights(agent.q_network)))
@@ -76,7 +76,7 @@ def test_the_target_network_is_updated_every_period():
     tf_keras.utils.set_random_seed(1)
     rb = filled_buffer(TFUniformReplayBuffer, 200)
     agent = DqnAgent(OBS, 2, make_q_network(OBS, 2, seed=1), target_update_period=3)
-    samples = iter(rb.as_dataset(sample_batch_size=8, num_steps=2))
+    samples = iter(rb.as_dataset(sample_batch_size=8))
     for step in range(1, 7):
         agent.train(next(samples))
         same = all(np.array_equal(a, b) for a, b in zip(weights(agent.q_network), weights(agent.target_q_network)))
@@ -103,6 +103,18 @@ def test_train_accepts_samples_bare_items_windows_and_numpy():
     agent.train(single)
     agent.train(single._asdict())
     assert int(agent.train_step_counter) == 4
+
+
+def test_a_window_trains_exactly_as_its_first_step_alone():
+    # TF-Agents code samples num_steps=2 windows; step 0 holds the whole transition, step 1 is ignored.
+    rb = filled_buffer(TFUniformReplayBuffer, 200)
+    windows, _ = rb.get_next(sample_batch_size=16, num_steps=2)
+    first_steps = tf.nest.map_structure(lambda x: x[:, 0], windows)
+    agents = [DqnAgent(OBS, 2, make_q_network(OBS, 2, seed=5), tf_keras.optimizers.SGD(0.1)) for _ in range(2)]
+    losses = [float(agents[0].train(windows).loss), float(agents[1].train(first_steps).loss)]
+    assert losses[0] == losses[1]
+    for a, b in zip(weights(agents[0].q_network), weights(agents[1].q_network)):
+        np.testing.assert_array_equal(a, b)
 
 
 BAD_EXPERIENCE = [

@@ -5,12 +5,14 @@ import os
 import pathlib
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfreplay import training
-from tfreplay.training import DqnConfig, linear_epsilon, train_dqn
+from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer, training
+from tfreplay.drivers import transition_spec
+from tfreplay.training import DqnConfig, experience_dataset, linear_epsilon, train_dqn
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMALL = dict(
@@ -55,6 +57,29 @@ def test_resume_restores_the_buffer_the_counters_and_the_history(tmp_path):
     assert more.history[: len(first.history)] == first.history
     assert more.history[-1]["env_steps"] == 640
     assert int(more.buffer.num_frames()) == 400
+
+
+def transitions(spec, num_envs, step):
+    """One step of `num_envs` environments whose observations read (env, step)."""
+    batch = tf.nest.map_structure(lambda s: np.zeros([num_envs] + s.shape.as_list(), s.dtype.as_numpy_dtype), spec)
+    observation = np.float32([[env, step] for env in range(num_envs)])
+    return batch._replace(observation=observation, next_observation=observation + np.float32([0, 1]))
+
+
+@pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, PyUniformReplayBuffer])
+def test_the_learner_draws_single_transitions_the_newest_of_every_env_included(buffer_cls):
+    # 2 envs x 6 steps into 4 rows each: steps 2..5 are live. A window of 2 could never start at step 5.
+    spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
+    rb = buffer_cls(spec, batch_size=2, max_length=4, seed=0)
+    for step in range(6):
+        rb.add_batch(transitions(spec, 2, step))
+    drawn = set()
+    for items, _ in experience_dataset(rb, sample_batch_size=16).take(10):
+        assert items.observation.shape == (16, 2) and items.reward.shape == (16,)  # no time axis
+        np.testing.assert_array_equal(items.next_observation, items.observation + np.float32([0, 1]))
+        drawn |= {(int(env), int(step)) for env, step in items.observation.numpy()}
+    # 160 uniform draws over 8 live transitions: one is missed with probability below 8 * (7/8)**160 < 1e-8.
+    assert drawn == {(env, step) for env in range(2) for step in range(2, 6)}
 
 
 def test_resume_without_a_checkpoint_fails_clearly(tmp_path):
@@ -123,3 +148,33 @@ def test_evaluations_keep_the_best_weights_and_can_stop_early():
     run.restore_best()
     for a, b in zip(run.agent.q_network.get_weights(), run.best_q_network.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def run_fingerprint(seed):
+    config = DqnConfig(**{**SMALL, "num_env_steps": 320, "initial_collect_steps": 100, "log_interval": 20}, seed=seed)
+    result = train_dqn(config)
+    return {
+        "losses": [h["loss"] for h in result.history],
+        "returns": [h["average_return"] for h in result.history],
+        "eval_returns": result.eval_returns,
+        "weights": result.agent.q_network.get_weights(),
+        "buffer": stored(result.buffer),
+    }
+
+
+@pytest.mark.slow
+def test_the_same_seed_gives_the_same_run_and_another_seed_another():
+    first, again, other = run_fingerprint(0), run_fingerprint(0), run_fingerprint(1)
+    assert len(first["losses"]) == 16 and all(loss is not None for loss in first["losses"][5:])
+    assert (again["losses"], again["returns"], again["eval_returns"]) == (
+        first["losses"],
+        first["returns"],
+        first["eval_returns"],
+    )
+    for a, b in zip(again["weights"], first["weights"]):
+        np.testing.assert_array_equal(a, b)
+    tf.nest.map_structure(np.testing.assert_array_equal, again["buffer"], first["buffer"])
+
+    assert other["losses"] != first["losses"]
+    assert not any(np.array_equal(a, b) for a, b in zip(other["weights"], first["weights"]))
+    assert not np.array_equal(other["buffer"].observation, first["buffer"].observation)

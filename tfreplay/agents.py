@@ -1,16 +1,16 @@
 """A tf-keras Double-DQN agent that learns from a replay buffer's dataset.
 
-    dataset = rb.as_dataset(sample_batch_size=64, num_steps=2)
+    dataset = rb.as_dataset(sample_batch_size=64)  # single transitions: num_steps=None
     agent = DqnAgent(driver.transition_spec.observation, num_actions=2)
     for experience in dataset.take(1000):
         loss_info = agent.train(experience)
 
-Which observation is bootstrapped from: the stored `next_observation` of
-step 0 of each window. Drivers store the true next observation in every
-transition (at an episode's end, the final observation rather than the next
-episode's first), so one transition holds everything a TD target needs and a
-window's step 1 is not read. `num_steps=2` windows (what TF-Agents users
-pass) and unwindowed samples (`num_steps=None`) are both accepted.
+Drivers store the true next observation in every transition (at an episode's
+end, the final observation rather than the next episode's first), so one
+transition holds everything a TD target needs: sample single transitions.
+Windows of two (`num_steps=2`, what TF-Agents' DQN reads) are accepted too,
+for code written for TF-Agents; only their step 0 is used, so they cost twice
+the reads and never start at the newest transition of a segment.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ class DqnAgent(tf.Module):
         Args:
           experience: an `(items, BufferInfo)` element of `as_dataset` or
             `get_next`, or the items alone: a `Transition` (or a dict with its
-            fields) shaped `[B, T, ...]` (step 0 is used) or `[B, ...]`.
+            fields) shaped `[B, ...]` (`num_steps=None`), or windows shaped
+            `[B, T, ...]` as TF-Agents samples them, of which step 0 is used.
 
         Returns:
           `LossInfo(loss, extra)`; extra holds the mean Q-value and TD error.

@@ -3,9 +3,12 @@
 `train_dqn(DqnConfig(...))` is what `python -m examples.demo` runs; tests and
 the tutorials call it with small step counts. One vectorised `StepDriver`
 feeds a `TFUniformReplayBuffer` through its `add_batch` observer; the learner
-reads `as_dataset(sample_batch_size, num_steps=2)`. With an `output_dir` it
-checkpoints agent, buffer and counters (`resume=True` continues), writes
-TensorBoard summaries, `history.json` and a learning-curve PNG.
+reads single transitions, `experience_dataset(buffer, batch_size)`. With an
+`output_dir` it checkpoints agent, buffer and counters (`resume=True`
+continues), writes TensorBoard summaries, `history.json` and a learning-curve
+PNG. The same config (seed included) gives the same run: networks,
+exploration, environments and sampling are all seeded, and samples are drawn
+in order, when the learner asks.
 
 tqdm and matplotlib (the `examples` extra) are imported only when used.
 """
@@ -24,6 +27,7 @@ import tf_keras
 
 from tfreplay.agents import DqnAgent, make_q_network
 from tfreplay.buffers import TFUniformReplayBuffer
+from tfreplay.core.api import ReplayBuffer
 from tfreplay.drivers import StepDriver, make_vector_env, transition_spec
 from tfreplay.observers import AverageEpisodeLength, AverageReturn
 
@@ -96,6 +100,28 @@ def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
         return 1.0
     fraction = min((env_steps - config.initial_collect_steps) / max(config.epsilon_decay_steps, 1), 1.0)
     return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+
+
+def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int) -> tf.data.Dataset:
+    """What the learner reads: batches of single transitions, each drawn when asked.
+
+    A `Transition` holds its own `next_observation`, so a TD target needs no
+    window of two: `num_steps=None` reads one row per sample instead of two,
+    and can draw the newest transition of every environment (a window of two
+    never starts there). Without prefetching, a sample is drawn at the
+    learner's `next`, after the collection step before it: the draws, and so
+    the run, are the same for the same seed.
+
+    Args:
+      buffer: a uniform replay buffer of `Transition`s.
+      sample_batch_size: transitions per element.
+
+    Returns:
+      A dataset of `(Transition [sample_batch_size, ...], BufferInfo)`.
+    """
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False  # a prefetch thread would race the collector
+    return buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None).with_options(options)
 
 
 def evaluate(env_id: str, policy: Callable, num_episodes: int = 20, seed: int | None = None) -> list[float]:
@@ -223,10 +249,7 @@ class _Run:
         self.driver = StepDriver(
             self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
         )
-        options = tf.data.Options()
-        options.experimental_optimization.inject_prefetch = False  # sample when asked: reproducible runs
-        dataset = self.buffer.as_dataset(sample_batch_size=c.batch_size, num_steps=2).with_options(options)
-        self.samples = iter(dataset)
+        self.samples = iter(experience_dataset(self.buffer, c.batch_size))
         self.history: list[dict] = []
         self.best_q_network = tf_keras.models.clone_model(q_network)
         self.best_q_network.set_weights(q_network.get_weights())

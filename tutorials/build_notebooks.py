@@ -153,8 +153,9 @@ print("a window of 3 steps (segment, step, 0):\\n", windows["observation"].numpy
         """\
 For training, `as_dataset` gives a `tf.data.Dataset` whose every element is a fresh
 sample, drawn when the iterator asks for it (so it sees items added meanwhile). This is
-what an agent's training loop reads; `num_steps=2` gives the `[B, 2, ...]` windows
-TF-Agents' DQN expects.""",
+what an agent's training loop reads: single items when each holds all the agent needs
+(tfreplay's transitions keep their `next_observation`), or windows such as the
+`[B, 2, ...]` of `num_steps=2` that TF-Agents' DQN expects.""",
     ),
     (
         "code",
@@ -342,8 +343,10 @@ print(f"{int(rb.num_frames())} transitions stored; random policy: average return
 `DqnAgent` wraps a Keras Q-network (here a 256-256 MLP), its target network, Huber loss
 and Adam; the hyper-parameters are those `train_dqn` uses.
 `agent.train(experience)` takes the `(items, BufferInfo)` elements of
-`as_dataset(sample_batch_size, num_steps=2)`, exactly like TF-Agents. For collection we
-switch the driver to an epsilon-greedy policy whose epsilon decays as training goes.""",
+`as_dataset(sample_batch_size)`: batches of single transitions, since each one keeps its
+`next_observation` (the `num_steps=2` windows of TF-Agents work too, at twice the reads).
+For collection we switch the driver to an epsilon-greedy policy whose epsilon decays as
+training goes.""",
     ),
     (
         "code",
@@ -355,10 +358,10 @@ agent = DqnAgent(spec.observation, num_actions=2, q_network=q_network,
                  target_update_period=config.target_update_period, gradient_clipping=config.gradient_clipping)
 driver.policy = agent.policy(epsilon=lambda: linear_epsilon(config, driver.num_env_steps), seed=0)
 
-dataset = rb.as_dataset(sample_batch_size=config.batch_size, num_steps=2)
+dataset = rb.as_dataset(sample_batch_size=config.batch_size)  # num_steps=None: single transitions
 experience = iter(dataset)
 items, info = next(experience)
-print("a batch of windows:", items.observation.shape, "| sampled ids:", info.ids.shape)""",
+print("a batch of transitions:", items.observation.shape, "| sampled ids:", info.ids.shape)""",
     ),
     (
         "md",
