@@ -53,6 +53,7 @@ def normalize_spec(data_spec: Nest) -> Nest:
     """
     if data_spec is None or not tf.nest.flatten(data_spec):
         raise TypeError("data_spec (None or empty) must be a nest of tf.TensorSpec.")
+    data_spec = lists_to_tuples(data_spec)
     leaves = tf.nest.flatten(data_spec)
     out = []
     for path, leaf in zip(leaf_paths(data_spec), leaves):
@@ -69,6 +70,19 @@ def normalize_spec(data_spec: Nest) -> Nest:
             )
         out.append(leaf)
     return tf.nest.pack_sequence_as(data_spec, out)
+
+
+def lists_to_tuples(structure: Nest) -> Nest:
+    """`structure` with every list a tuple: tf.data treats a list as one tensor, not a nest."""
+    if isinstance(structure, list):
+        return tuple(lists_to_tuples(x) for x in structure)
+    if isinstance(structure, collections.abc.Mapping):
+        return type(structure)((k, lists_to_tuples(v)) for k, v in structure.items())  # type: ignore[call-arg]
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return type(structure)(*[lists_to_tuples(x) for x in structure])
+    if isinstance(structure, tuple):
+        return tuple(lists_to_tuples(x) for x in structure)
+    return structure
 
 
 def check_positive_int(where: str, name: str, value: Any, allow_none: bool = False) -> None:
