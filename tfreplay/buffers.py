@@ -261,3 +261,13 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
         )
+
+    def add_sequence(self, items: Nest, segment: int = 0) -> None:
+        """Appends rows (a leading time axis, oldest first) to one segment, so environments may advance at
+        their own pace.
+
+        Raises:
+          ValueError: `segment` is not in `[0, batch_size)`, or a bad batch.
+          TypeError: a batch of the wrong structure or dtype.
+        """
+        self._append_sequence("add_sequence", items, segment)

@@ -266,7 +266,6 @@ class ComposedBuffer(ReplayBuffer):
         ops = self._ops
         segment, t, probs, count = self._sampler.sample(self._view(), size, num_steps)
         step_rows, ids = ring.window_rows(segment, t, num_steps, self._max_length, self._num_segments, ops)
-        ids = ops.where(count > 0, ids, ops.zeros_like(ids))
         pos_at = self._pos_at if self._rule is not None else None
         return self._storage.plan(segment, t, step_rows, num_steps, pos_at, ops), ids, probs, count
 

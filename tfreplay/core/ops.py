@@ -62,7 +62,7 @@ NUMPY_OPS = types.SimpleNamespace(
     arange=lambda n: np.arange(n, dtype=np.int64),
     unstack=lambda x, axis: tuple(np.moveaxis(x, axis, 0)),
     probability=lambda shape, total: np.full(shape, 1.0 / total if total else 0.0, np.float32),
-    gather=lambda x, i: np.take(x, i, axis=0),
+    gather=lambda x, i: x.take(i, axis=0),
     where=np.where,
     cumsum=np.cumsum,
     cummax0=lambda x: np.maximum.accumulate(x, axis=0),

@@ -55,8 +55,7 @@ class PyBuffer(ComposedBuffer):
 
     Built as one ring (`lockstep=False`: `add_batch` appends any number of
     items, in order) or with segments (`lockstep=True`: one item per segment
-    per `add_batch`). `add_sequence` appends items to one segment, so
-    environments may advance at their own pace.
+    per `add_batch`).
     """
 
     _ops = NUMPY_OPS
@@ -136,17 +135,12 @@ class PyBuffer(ComposedBuffer):
             with self._lock:
                 self._write_locked(leaves, segments)
 
-    def add_sequence(self, items: Nest, segment: int = 0) -> None:
-        """Appends items (a leading time axis, oldest first) to one segment.
-
-        Raises:
-          ValueError: `segment` is not in `[0, batch_size)`, or a bad batch.
-          TypeError: a batch of the wrong structure or dtype.
-        """
+    def _append_sequence(self, where: str, items: Nest, segment: Any) -> None:
+        """Appends items (a leading time axis, oldest first) to one segment (frame buffers)."""
         ok = isinstance(segment, (int, np.integer)) and not isinstance(segment, bool)
         if not ok or not 0 <= segment < self._num_segments:
-            raise ValueError(f"add_sequence: segment ({segment!r}) must be an integer in [0, {self._num_segments}).")
-        arrays = specs.validate_numpy_batch("add_sequence", self._data_spec, self._leaf_paths, items, None)
+            raise ValueError(f"{where}: segment ({segment!r}) must be an integer in [0, {self._num_segments}).")
+        arrays = specs.validate_numpy_batch(where, self._data_spec, self._leaf_paths, items, None)
         if arrays[0].shape[0]:
             with self._lock:
                 self._write_locked([a[:, None] for a in arrays], np.full([1], segment, np.int64))

@@ -160,11 +160,15 @@ class TFBuffer(ComposedBuffer):
         return self._rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
 
     def _check(self, ok: Any, value: Any, message: str) -> Any:
-        if under_xla():
-            return value
+        if under_xla():  # no assertions in XLA: a refused sample carries zeros (ids) and probability 0
+            return tf.nest.map_structure(lambda x: tf.where(ok, x, tf.zeros_like(x)), value)
         check = tf.debugging.assert_equal(ok, True, message=message)
+        # tf.function runs every assertion anyway; one output carries it for v1 graphs (an identity per output
+        # costs more than the check).
+        leaves = tf.nest.flatten(value)
         with tf.control_dependencies([check]):
-            return tf.nest.map_structure(tf.identity, value)
+            leaves[-1] = tf.identity(leaves[-1])
+        return tf.nest.pack_sequence_as(value, leaves)
 
     def _num_frames(self) -> Any:
         return tf.reduce_sum(tf.minimum(self._num_adds.read_value(), self._max_length))

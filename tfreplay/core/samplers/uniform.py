@@ -21,7 +21,7 @@ class UniformSampler:
         buffer whose items carry boundaries; frame buffers always do).
 
     Without episodes a window is any `num_steps` consecutive live items of
-    a segment, drawn exactly in one step. Through the episode index, each
+    a segment (segments advance together), drawn exactly in one step. Through the episode index, each
     sample takes the first valid one of uniform candidates over window starts
     (rejection: uniform over the valid ones); only samples that keep missing
     are redrawn, and after `_ROUNDS` rounds the rest come from an exact scan.
@@ -46,12 +46,13 @@ class UniformSampler:
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         n, ops = num_steps or 1, view.ops
-        if view.window is None:
-            counts = ring.num_windows(view.num_adds, view.max_length, n, ops)
-            count = ops.sum(counts)
-            segment, offset = ring.locate(view.draw([size], count), counts, ops)
-            min_id, _ = ring.live_range(view.num_adds, view.max_length, ops)
-            return segment, ops.gather(min_id, segment) + offset, ops.probability([size], count), count
+        if view.window is None:  # ring windows: segments advance together, so each has `per` starts
+            min_id, num_live = ring.live_range(view.num_adds[0], view.max_length, ops)
+            per = ops.maximum(num_live - n + 1, 0)
+            count = per * view.num_segments
+            draws = view.draw([size], count)
+            per = ops.maximum(per, 1)  # an empty buffer still maps draws to rows
+            return draws // per, min_id + draws % per, ops.probability([size], count), count
         assert view.pos_at is not None  # a window goes with the episode index
         count = view.window.count(view.num_adds, view.pos_counts, view.pos_at, view.max_length, n, ops)
         segment, t = self._draw_valid(view, view.window, view.pos_at, size, n, count)
