@@ -8,12 +8,12 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfreplay import frame_index, specs
+from tfreplay import checkpoint, frame_index, specs
 from tfreplay.frame_index import rows_of
 from tfreplay.frames import FrameReplayBuffer, empty_message
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
-from tfreplay.storage import NumpyCheckpointState, NumpyStorage
+from tfreplay.storage import NumpyStorage
 from tfreplay.uniform_py import numpy_layout
 
 
@@ -72,14 +72,15 @@ class PyFrameReplayBuffer(FrameReplayBuffer):
         self._pos_counts = np.zeros([segments, frame_index.POS_BINS], np.int64)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
-        self._checkpoint_state = NumpyCheckpointState(
+        self._numpy_state = checkpoint.NumpyState(
             self._lock,
-            lambda: (
-                self._frames.arrays
-                + (self._extras.arrays if self._extras else [])
-                + [self._pos, self._num_adds, self._pos_counts]
-            ),
+            lambda: {
+                "frames": self._frames.arrays[0],
+                **{f"steps/{p}": a for p, a in zip(self._specs.extras_paths, getattr(self._extras, "arrays", []))},
+                **{"pos": self._pos, "num_adds": self._num_adds, "pos_counts": self._pos_counts},
+            },
             self._rng,
+            layout=checkpoint.layout(self._data_spec, segments, length, history_len),
         )
 
     @property

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay import frame_index, native, specs
+from tfreplay import checkpoint, frame_index, native, specs
 from tfreplay.frame_index import rows_of
 from tfreplay.frames import FrameReplayBuffer, empty_message
 from tfreplay.replay_buffer import BufferInfo
@@ -88,6 +88,9 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
         self._lock = tf.CriticalSection(name="lock")
         self._eager = EagerFunctions()
         self._native_stacks = True  # tests turn it off to check the XLA stacks
+        self._layout_record = checkpoint.LayoutState(
+            checkpoint.layout(self._data_spec, batch_size, max_length, history_len)
+        )
 
     @property
     def nbytes(self) -> int:

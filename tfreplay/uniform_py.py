@@ -8,10 +8,10 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfreplay import ring, specs
+from tfreplay import checkpoint, ring, specs
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
-from tfreplay.storage import NumpyCheckpointState, NumpyStorage
+from tfreplay.storage import NumpyStorage
 from tfreplay.uniform import RingBuffer, empty_message
 
 
@@ -84,12 +84,13 @@ class PyUniformReplayBuffer(RingBuffer):
         self._num_adds = 0
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()
-        self._checkpoint_state = NumpyCheckpointState(
+        self._numpy_state = checkpoint.NumpyState(
             self._lock,
-            lambda: self._storage.arrays,
+            lambda: dict(zip(self._leaf_paths, self._storage.arrays)),
             self._rng,
-            lambda: {"num_adds": self._num_adds},
-            lambda d: setattr(self, "_num_adds", int(d["num_adds"])),
+            layout=checkpoint.layout(self._data_spec, segments, length),
+            scalars=lambda: {"num_adds": self._num_adds},
+            restore_scalars=lambda d: setattr(self, "_num_adds", d["num_adds"]),
         )
 
     @property

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay import ring, specs
+from tfreplay import checkpoint, ring, specs
 from tfreplay.replay_buffer import BufferInfo
 from tfreplay.specs import Nest
 from tfreplay.storage import TFStorage
@@ -135,6 +135,7 @@ class TFUniformReplayBuffer(RingBuffer):
             )
         self._lock = tf.CriticalSection(name="lock")
         self._eager = EagerFunctions()
+        self._layout_record = checkpoint.LayoutState(checkpoint.layout(self._data_spec, batch_size, max_length))
 
     @property
     def device(self) -> str:
