@@ -293,12 +293,14 @@ class Payload:
 @pytest.fixture
 def payload():
     """Pickled bytes that run `_mark_payload_ran` when unpickled (checked once here)."""
+    PAYLOAD_RAN.clear()
     data = pickle.dumps(Payload())
     pickle.loads(data)
     assert PAYLOAD_RAN == [True]
     PAYLOAD_RAN.clear()
     yield data
-    assert PAYLOAD_RAN == [], "the checkpoint's pickle payload ran"
+    ran, PAYLOAD_RAN[:] = list(PAYLOAD_RAN), []
+    assert ran == [], "the checkpoint's pickle payload ran"
 
 
 class PickledState(tf.train.experimental.PythonState):
