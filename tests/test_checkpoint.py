@@ -448,3 +448,14 @@ def test_a_save_racing_a_writer_stores_a_consistent_snapshot(kind, tmp_path):
             ids, newest_frame = items["action"].astype(np.int64), items["next_observation"][:, 0, 0, -1]
         assert np.all(np.diff(ids) > 0) and ids[-1] - ids[0] < RACE_ROWS, "rows from after the saved counters"
         np.testing.assert_array_equal(newest_frame, ids % 251)
+
+
+@pytest.mark.parametrize("kind", ["py-uniform", "py-frames"])
+def test_a_saved_model_holding_a_numpy_buffer_exports_it(kind, tmp_path):
+    """SavedModel traces the saver into a graph: the NumPy state is still written, and restores."""
+    module = tf.Module()
+    module.buffer = saved_run(kind)
+    tf.saved_model.save(module, str(tmp_path / "model"))
+    rb = build(kind, seed=7)
+    tf.train.Checkpoint(buffer=rb).restore(str(tmp_path / "model" / "variables" / "variables"))
+    assert_nest_equal(observed(rb), observed(saved_run(kind)))

@@ -29,8 +29,7 @@ value and this buffer's value, and the buffer stays as it was.
   that comes without a record (written before format 1): a foreign checkpoint
   under the buffer's key raises instead of leaving the buffer empty.
 
-Save and restore NumPy buffers eagerly. Format 1 is the first versioned one:
-older tfreplay checkpoints are refused.
+Format 1 is the first versioned one: older tfreplay checkpoints are refused.
 """
 
 from __future__ import annotations
@@ -304,27 +303,38 @@ def _rng_state(saved: Any, rng: np.random.Generator) -> dict:
 
 
 def _save_all(trackables: dict[str, NumpyState], file_prefix: tf.Tensor) -> list[tf.Tensor]:
-    """Registered save: one shard per buffer, each written under that buffer's lock."""
-    _check_eager("save")
-    prefixes = []
-    for i, (name, state) in enumerate(trackables.items()):
-        prefix = tf.strings.join([file_prefix, f"_{i}"])
-        state._write(prefix, name)
-        prefixes.append(prefix)
-    return prefixes
+    """Registered save: one shard per buffer, each written under that buffer's lock.
+
+    In a graph (a `tf.function`, or the saver a SavedModel traces) the write
+    is a `tf.py_function` that runs when the graph does.
+    """
+    states = list(trackables.items())
+    prefixes = [tf.strings.join([file_prefix, f"_{i}"]) for i in range(len(states))]
+
+    def write(*values: tf.Tensor) -> bool:
+        for (name, state), prefix in zip(states, values):
+            state._write(prefix, name)
+        return True
+
+    if tf.executing_eagerly():
+        write(*prefixes)
+        return prefixes
+    written = tf.py_function(write, prefixes, Tout=tf.bool)
+    with tf.control_dependencies([written]):
+        return [tf.identity(p) for p in prefixes]
 
 
-def _restore_all(trackables: dict[str, NumpyState], merged_prefix: tf.Tensor) -> None:
-    """Registered restore: each buffer checks its entries, then copies them in."""
-    _check_eager("restore")
-    path = merged_prefix.numpy().decode()
-    for name, state in trackables.items():
-        state._read(path, name)
+def _restore_all(trackables: dict[str, NumpyState], merged_prefix: tf.Tensor) -> Any:
+    """Registered restore: each buffer checks its entries, then copies them in (in a graph, when it runs)."""
 
+    def read(prefix: tf.Tensor) -> bool:
+        for name, state in trackables.items():
+            state._read(prefix.numpy().decode(), name)
+        return True
 
-def _check_eager(what: str) -> None:
-    if not tf.executing_eagerly():
-        raise RuntimeError(f"checkpoint {what}: NumPy buffers must be saved and restored eagerly, not in a graph.")
+    if tf.executing_eagerly():
+        return read(merged_prefix)
+    return tf.py_function(read, [merged_prefix], Tout=tf.bool)
 
 
 registration.register_checkpoint_saver(
