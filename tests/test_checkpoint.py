@@ -142,7 +142,9 @@ def saved_run(kind: str):
     return rb
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=pytest.mark.slow) if k == "tf-frames" else k for k in KINDS]
+)  # the TF frame buffers compile their draws with XLA: about 10 s
 def test_round_trip_mid_wrap_around_resumes_the_same_run(kind, tmp_path):
     saved = saved_run(kind)
     path = tf.train.Checkpoint(buffer=saved).save(str(tmp_path / "ckpt"))
