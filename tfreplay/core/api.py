@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
-from tfreplay.core import specs
+from tfreplay.core import checkpoint, specs
 from tfreplay.core.specs import Nest
 
 
@@ -35,7 +35,7 @@ def _counter_dataset() -> tf.data.Dataset:
     return tf.data.experimental.Counter()  # pragma: no cover (TF < 2.13)
 
 
-class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
+class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     """Abstract base: a store of spec-shaped items that can be sampled.
 
     Args:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay.core import episodes, ring, specs
+from tfreplay.core import checkpoint, episodes, ring, specs
 from tfreplay.core.api import BufferInfo, ReplayBuffer
 from tfreplay.core.episodes import EpisodeRule
 from tfreplay.core.samplers import View
@@ -109,19 +109,10 @@ class ComposedBuffer(ReplayBuffer):
         """Bytes of item storage (the index and counters add a few per row)."""
         return self._storage.nbytes
 
-    def layout(self) -> dict:
-        """What a checkpoint must match: the layout, storage kind and leaf specs."""
-        leaves = {
-            p: [s.dtype.name, s.shape.as_list()] for p, s in zip(self._leaf_paths, tf.nest.flatten(self._data_spec))
-        }
-        return {
-            "batch_size": self._num_segments,
-            "max_length": self._max_length,
-            "capacity": self._capacity,
-            "storage": self._storage.layout(),
-            "episodes": self._rule is not None,
-            "leaves": leaves,
-        }
+    def checkpoint_layout(self) -> dict:
+        """What a checkpoint must match to restore into this buffer (see `checkpoint.layout`)."""
+        history_len = getattr(self._storage, "history_len", None)
+        return checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
 
     # Twin hooks.
     def _init_state(self) -> None:

@@ -34,7 +34,6 @@ def spec_nbytes(data_spec: Nest) -> int:
 class RowStorage:
     """One array per spec leaf; an item is one row of each."""
 
-    kind = "rows"
     window = episodes.Shape(lead=0, history=0)
 
     def __init__(self, data_spec: Nest, paths: list[str], num_rows: int, make: Make, prefix: str = "storage"):
@@ -49,9 +48,6 @@ class RowStorage:
     def item_spec(self) -> Nest:
         """The spec of one sampled item."""
         return self.data_spec
-
-    def layout(self) -> dict:
-        return {"kind": self.kind}
 
     def write(self, rows: Any, leaves: list, ops: Any) -> list:
         return [ops.scatter(a, rows, x) for a, x in zip(self.arrays, leaves)]
@@ -78,8 +74,6 @@ class FrameStorage:
     written, holds zeros: frames older than an episode's first read it.
     """
 
-    kind = "frames"
-
     def __init__(
         self,
         data_spec: Nest,
@@ -105,9 +99,6 @@ class FrameStorage:
     def item_spec(self) -> dict:
         stack = tf.TensorSpec(self.frame_spec.shape.as_list() + [self.history_len], self.frame_spec.dtype)
         return {"observation": stack, "next_observation": stack, **self.extras_spec}
-
-    def layout(self) -> dict:
-        return {"kind": self.kind, "history_len": self.history_len}
 
     def write(self, rows: Any, leaves: list, ops: Any) -> list:
         row = tf.nest.pack_sequence_as(self.row_spec, leaves)

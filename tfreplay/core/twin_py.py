@@ -14,10 +14,9 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.core import specs, stacks
+from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer
-from tfreplay.core.checkpoint import NumpyCheckpointState
 from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.specs import Nest
 from tfreplay.core.twin_tf import resolve_seed
@@ -92,10 +91,8 @@ class PyBuffer(ComposedBuffer):
             name=name,
         )
         self._lockstep = bool(lockstep)
-        self._checkpoint_state = NumpyCheckpointState(
-            self._lock,
-            lambda: list(self._arrays.values()),
-            self._rng,
+        self._numpy_state = checkpoint.NumpyState(
+            self._lock, lambda: dict(self._arrays), self._rng, layout=self.checkpoint_layout()
         )
 
     def _init_state(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfreplay import native
-from tfreplay.core import specs, stacks
+from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, variable_name
 from tfreplay.core.ops import TF_OPS
@@ -119,6 +119,7 @@ class TFBuffer(ComposedBuffer):
             stateful_dataset=stateful_dataset,
             name=re.sub(r"\W", "_", scope) or "buffer",
         )
+        self._layout_record = checkpoint.LayoutState(self.checkpoint_layout())
 
     @property
     def device(self) -> str:
