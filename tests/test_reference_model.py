@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import SPEC, decode, make_items
+from helpers import SPEC, decode, make_items
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
