@@ -226,6 +226,33 @@ def test_draws_are_uniform_over_valid_windows(twin, num_steps):
     assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("twin", TWINS)
+def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, seed):
+    """Windows of 5 steps among episodes of 0-8 steps: few candidates are valid,
+    so most samples miss and are redrawn. However they are redrawn (today by a
+    scan of every row; issue 8 fix 11 avoids it), each valid window must keep
+    probability exactly `1 / count`: a chi-square test on 20,000 draws, whose
+    threshold a correct sampler misses with probability 1e-6, for any seed.
+    """
+    rng = np.random.default_rng(21)
+    streams = [make_stream(rng, s, 130, max_episode=8) for s in range(3)]
+    rb = make_buffer(twin, 3, 100, 4, seed=seed)
+    for i in range(130):
+        rb.add_batch(row(streams, i))
+    ref = Reference(streams, 100, 4)
+    valid = sorted(ref.valid(5))
+    assert 20 <= len(valid) <= 0.2 * 3 * 100  # valid windows are rare among the window starts
+    counts = dict.fromkeys(valid, 0)
+    for _ in range(20):
+        items, info = rb.get_next(sample_batch_size=1000, num_steps=5)
+        np.testing.assert_allclose(np.asarray(info.probabilities), 1 / len(valid), rtol=1e-6)
+        for gid in np.asarray(info.ids)[:, 0].tolist():
+            counts[gid] += 1  # a KeyError would be an invalid draw
+    ref.check(items, np.asarray(info.ids))
+    assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-6, counts
+
+
 @pytest.mark.parametrize("twin", TWINS)
 def test_readers_racing_a_writer_through_wrap_around_get_whole_stacks(twin):
     # A ring of 12 rows: the writer keeps overwriting the oldest frames that
