@@ -165,6 +165,7 @@ def test_clear_really_empties_and_ids_restart(api):
     api.add_steps(WRAPPED)
     api.clear()
     assert api.num_frames() == 0
+    assert api.rb.capacity == B * L and api.rb.data_spec == api.kind.data_spec
     np.testing.assert_array_equal(api.kind.decode(api.gather_all(), B), api.kind.all_ids(B, L, 0))
     with pytest.raises(api.error, match=api.kind.empty_message(None)):
         api.get_next(SBS)
