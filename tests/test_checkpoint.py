@@ -15,8 +15,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import SPEC, Api, assert_nest_equal, decode, make_items, state, to_numpy
-from test_frames import FRAME, make_stream, row
+from helpers import FRAME, SPEC, Api, assert_nest_equal, decode, make_items, make_stream, row, state, to_numpy
 
 from tfreplay import (
     PyFrameReplayBuffer,
@@ -28,7 +27,7 @@ from tfreplay import (
 
 
 def filled(buffer_cls, seed=3) -> Api:
-    api = Api(buffer_cls(SPEC, batch_size=3, max_length=4, seed=seed), False)
+    api = Api(buffer_cls(SPEC, batch_size=3, max_length=4, seed=seed))
     api.add_steps(6)  # wrapped: the write head is mid-segment
     api.get_next(sample_batch_size=5, num_steps=2)  # the generator has moved on from its seed
     return api
@@ -54,7 +53,7 @@ def test_restore_undoes_later_adds_clears_and_samples(buffer_cls, tmp_path):
 def test_restore_into_a_new_buffer_resumes_the_same_run(buffer_cls, tmp_path):
     saved, twin = filled(buffer_cls), filled(buffer_cls)
     path = tf.train.Checkpoint(buffer=saved.rb).save(str(tmp_path / "ckpt"))
-    fresh = Api(buffer_cls(SPEC, batch_size=3, max_length=4, seed=99), False)
+    fresh = Api(buffer_cls(SPEC, batch_size=3, max_length=4, seed=99))
     tf.train.Checkpoint(buffer=fresh.rb).restore(path).assert_existing_objects_matched()
     assert fresh.num_frames() == 12
     assert_nest_equal(state(fresh, num_steps=2), state(twin, num_steps=2))

@@ -1,6 +1,6 @@
 """Writers and readers on several threads: no torn item, no stray item, no lost item.
 
-Every leaf of an item carries the item's payload (see conftest), so a row
+Every leaf of an item carries the item's payload (see helpers), so a row
 assembled from two writes shows as leaves that disagree. The buffers are
 large enough never to overwrite, so a row never changes once written: each
 sample must show exactly what the final buffer holds at the sampled id.
@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import SPEC, decode, make_items
+from helpers import SPEC, decode, make_items, run_threads
 
 from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
 
@@ -34,29 +34,6 @@ def frequent_thread_switches():
     sys.setswitchinterval(1e-6)
     yield
     sys.setswitchinterval(interval)
-
-
-def run_threads(targets, timeout: float = 120.0) -> None:
-    """Runs each target on its own thread; re-raises the first failure."""
-    errors = []
-
-    def guarded(fn):
-        def run():
-            try:
-                fn()
-            except BaseException as err:  # reported on the main thread
-                errors.append(err)
-
-        return run
-
-    threads = [threading.Thread(target=guarded(fn), daemon=True) for fn in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    if errors:
-        raise errors[0]
 
 
 @pytest.mark.parametrize("kind", ["tf", "py", "py-capacity"])

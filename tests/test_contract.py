@@ -1,673 +1,534 @@
-"""The replay-buffer contract, run over both buffers (and the TF one in tf.function).
+"""The replay-buffer contract, run over all four buffers in three modes.
 
-Items carry their global id in every leaf (see conftest), so every check is by
-value: which items come back, in which order, and that none is torn.
+Each buffer (`helpers.KINDS`: TF and NumPy uniform, TF and NumPy frame) is
+driven through a small adapter: item batches that carry their global ids in
+every leaf, a decoder that checks a sample by value, the documented sample
+spec, and a model of which window starts may be drawn. Each mode
+(`helpers.MODES`): eagerly, inside `tf.function`, and through `as_dataset`.
+So every check is by value: which items come back, in which order, none torn,
+none across the write head.
+
+The uniform buffers' own rules (TF-Agents' single-pass order, the NumPy
+twin's capacity form, spec kinds, XLA) are in test_uniform.py, the frame
+buffers' (episodes, stacks) in test_frames.py.
 """
 
-import collections
+from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import (
-    SPEC,
+from helpers import (
+    KINDS,
     Api,
     assert_nest_equal,
-    decode,
-    make_buffer,
-    make_items,
+    assert_specs_equal,
+    coverage_draws,
+    shared_buffer,
     state,
     to_numpy,
     variables_bytes,
+    with_outer,
 )
-from tensorflow.python.framework import tensor_spec  # BoundedTensorSpec has no public alias
 
-from tfreplay import BufferInfo, PyUniformReplayBuffer, ReplayBuffer, TFUniformReplayBuffer
+from tfreplay import BufferInfo, ReplayBuffer
 
-
-def live_ids(batch_size: int, max_length: int, num_adds: int) -> np.ndarray:
-    """The model: global ids stored after `num_adds` adds, `[batch_size, time]`."""
-    local = np.arange(max(0, num_adds - max_length), num_adds)
-    return local[None, :] * batch_size + np.arange(batch_size)[:, None]
-
-
-def check_windows(ids: np.ndarray, batch_size: int, max_length: int, num_adds: int) -> None:
-    """Each window (last axis) is consecutive in one segment and entirely live."""
-    segment, local = ids % batch_size, ids // batch_size
-    assert (segment == segment[..., :1]).all(), "a window mixes segments"
-    assert (np.diff(local, axis=-1) == 1).all(), "a window is not consecutive"
-    assert (local >= max(0, num_adds - max_length)).all() and (local < num_adds).all(), "a window holds a dead item"
+# The layout of every buffer here: 2 segments of 7 rows. After 4 adds nothing
+# is overwritten yet; after 11 the ring has wrapped (4 adds overwritten).
+B, L = 2, 7
+WRAPPED = 11
+SBS = 6  # the sample batch size (few distinct sizes: a TF frame buffer compiles each)
+COVER = 400  # a sample this large draws every valid start but with probability < 1e-9 (see coverage_draws)
 
 
-# --- add, sample, wrap-around ---------------------------------------------------------
+@pytest.fixture
+def api(kind, mode) -> Api:
+    return Api(shared_buffer(kind, B, L), mode, kind)
 
 
-def test_single_sample_has_no_batch_dimension(make_api):
-    api = make_api(batch_size=2, max_length=3)
-    api.add_steps(2)
-    items, info = api.get_next()
-    assert items["obs"]["pixels"].shape == (4, 4) and items["id"].shape == ()
-    assert decode(items) == info.ids and 0 <= info.ids < 4
-    assert info.probabilities == pytest.approx(1 / 4)
+def sample_spec(kind, sample_batch_size, num_steps, time_stacked=True):
+    """The documented `(items, BufferInfo)` spec of a sample."""
+    outer = [] if sample_batch_size is None else [sample_batch_size]
+    probabilities = tf.TensorSpec(outer, tf.float32)
+    if num_steps is not None and not time_stacked:
+        step = with_outer(kind.item_spec(), outer)
+        ids = tf.TensorSpec(outer, tf.int64)
+        return (step,) * num_steps, BufferInfo(ids=(ids,) * num_steps, probabilities=probabilities)
+    outer += [] if num_steps is None else [num_steps]
+    return with_outer(kind.item_spec(), outer), BufferInfo(tf.TensorSpec(outer, tf.int64), probabilities)
 
 
-def test_batch_samples_are_live_items_with_their_ids(make_api):
-    api = make_api(batch_size=2, max_length=3)
-    api.add_steps(2)
-    items, info = api.get_next(sample_batch_size=50)
-    assert items["obs"]["vec"].shape == (50, 3) and info.probabilities.shape == (50,)
-    np.testing.assert_array_equal(decode(items), info.ids)
-    assert set(info.ids.tolist()) == {0, 1, 2, 3}
-    np.testing.assert_allclose(info.probabilities, 1 / 4)
+def assert_values_match(values, spec) -> None:
+    """NumPy `values` have `spec`'s structure and, per leaf, its dtype and shape."""
+    tf.nest.assert_same_structure(values, spec)
+    for value, leaf in zip(tf.nest.flatten(values), tf.nest.flatten(spec)):
+        assert value.dtype == leaf.dtype.as_numpy_dtype and list(value.shape) == leaf.shape.as_list(), (value, leaf)
 
 
-def test_wrap_around_keeps_the_newest_max_length_per_segment(make_api):
-    api = make_api(batch_size=2, max_length=3)
-    api.add_steps(5)
-    assert api.num_frames() == 6
-    np.testing.assert_array_equal(decode(api.gather_all()), [[4, 6, 8], [5, 7, 9]])
-    items, info = api.get_next(sample_batch_size=300)
-    np.testing.assert_array_equal(decode(items), info.ids)
-    assert set(info.ids.tolist()) == {4, 5, 6, 7, 8, 9}
+def window_ids(ids, num_steps) -> np.ndarray:
+    """`[samples, num_steps or 1]` ids of a sample's windows."""
+    return np.asarray(ids).reshape(-1, num_steps or 1)
 
 
-def test_num_frames_counts_stored_items_not_added_ones(make_api):
-    api = make_api(batch_size=3, max_length=2)
+# --- samples ---------------------------------------------------------------------------
+
+SHAPE_CASES = {
+    "one": (None, None, True),
+    "batch": (SBS, None, True),
+    "window": (None, 2, True),
+    "batch-of-windows": (SBS, 2, True),
+    "window-unstacked": (None, 2, False),
+    "batch-of-windows-unstacked": (SBS, 2, False),
+}
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES)
+def test_samples_have_the_documented_structure_dtypes_and_shapes(api, case, request):
+    sample_batch_size, num_steps, time_stacked = SHAPE_CASES[case]
+    api.add_steps(WRAPPED)
+    items, info = api.get_next(sample_batch_size, num_steps, time_stacked)
+    want = sample_spec(api.kind, sample_batch_size, num_steps, time_stacked)
+    assert_values_match((items, info), want)
+    if api.static is not None:  # in a graph, the shapes are known before it runs
+        assert_specs_equal(api.static, want)
+    steps = items if isinstance(items, tuple) else (items,)
+    step_ids = info.ids if isinstance(items, tuple) else (info.ids,)
+    for step, ids in zip(steps, step_ids):
+        np.testing.assert_array_equal(api.kind.decode(step, B), ids)
+    ids = np.stack(step_ids, axis=-1) if isinstance(items, tuple) else info.ids
+    valid = api.kind.valid_starts(B, L, WRAPPED, num_steps)
+    assert set(window_ids(ids, num_steps)[:, 0].tolist()) <= set(valid)
+    np.testing.assert_allclose(info.probabilities, 1 / len(valid), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS.values(), ids=str)
+@pytest.mark.parametrize("sample_batch_size, num_steps", [(None, None), (SBS, None), (None, 2), (SBS, 2)])
+def test_dataset_element_spec_is_static_and_documented(kind, sample_batch_size, num_steps, request):
+    ds = shared_buffer(kind, B, L).as_dataset(sample_batch_size, num_steps)
+    assert isinstance(ds.element_spec[1], BufferInfo)
+    assert_specs_equal(ds.element_spec, sample_spec(kind, sample_batch_size, num_steps))
+
+
+@pytest.mark.parametrize("num_steps", [None, 2])
+@pytest.mark.parametrize("num_adds", [4, WRAPPED], ids=["before-wrap", "after-wrap"])
+def test_samples_are_valid_windows_drawn_with_their_exact_probability(api, num_adds, num_steps):
+    api.add_steps(num_adds)
+    valid = api.kind.valid_starts(B, L, num_adds, num_steps)
+    assert coverage_draws(len(valid)) <= COVER
+    items, info = api.get_next(COVER, num_steps)
+    np.testing.assert_array_equal(api.kind.decode(items, B), info.ids)
+    windows = window_ids(info.ids, num_steps)
+    assert (np.diff(windows, axis=1) == B).all(), "a window is not consecutive steps of one segment"
+    assert windows.max() < num_adds * B, "a window reaches past the write head"
+    assert set(windows[:, 0].tolist()) == set(valid), "an invalid start was drawn, or a valid one never"
+    np.testing.assert_allclose(info.probabilities, 1 / len(valid), rtol=1e-6)
+
+
+# --- gather_all, num_frames, clear ---------------------------------------------------------
+
+
+def test_gather_all_has_the_documented_layout(api):
+    """Uniform: `[batch_size, time, ...]`, oldest first; frames: `[num_transitions, ...]`,
+    segment by segment, oldest first (in dataset mode: the single pass, in that order)."""
+    for num_adds in (0, 1, 3, 4, WRAPPED):
+        api.add_steps(num_adds - api.num_adds)
+        want = api.kind.all_ids(B, L, num_adds)
+        everything = api.gather_all()
+        assert_values_match(everything, with_outer(api.kind.item_spec(), list(want.shape)))
+        np.testing.assert_array_equal(api.kind.decode(everything, B), want)
+
+
+def test_num_frames_counts_stored_rows_not_added_ones(api):
     counts = []
-    for _ in range(4):
+    for _ in range(WRAPPED):
         counts.append(api.num_frames())
         api.add_steps(1)
-    assert counts + [api.num_frames()] == [0, 3, 6, 6, 6]
-    assert api.rb.capacity == 6 and api.rb.batch_size == 3 and api.rb.max_length == 2
+    assert counts == [B * min(k, L) for k in range(WRAPPED)]
+    assert api.num_frames() == B * L
+    assert (api.rb.capacity, api.rb.batch_size, api.rb.max_length) == (B * L, B, L)
 
 
-# --- windows -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("num_adds", [3, 8], ids=["before-wrap", "after-wrap"])
-def test_windows_are_consecutive_in_one_segment_and_never_cross_the_write_head(make_api, num_adds):
-    api = make_api(batch_size=3, max_length=5)
-    api.add_steps(num_adds)
-    items, info = api.get_next(sample_batch_size=400, num_steps=3)
-    assert items["obs"]["pixels"].shape == (400, 3, 4, 4) and info.ids.shape == (400, 3)
-    np.testing.assert_array_equal(decode(items), info.ids)
-    check_windows(info.ids, 3, 5, num_adds)
-    starts = live_ids(3, 5, num_adds)[:, :-2]
-    assert set(info.ids[:, 0].tolist()) == set(starts.ravel().tolist()), "some valid start is never drawn"
-    np.testing.assert_allclose(info.probabilities, 1 / starts.size)
-
-
-def test_window_without_batch_size_is_time_major(make_api):
-    api = make_api(batch_size=2, max_length=4)
-    api.add_steps(6)
-    items, info = api.get_next(num_steps=4)
-    assert items["obs"]["vec"].shape == (4, 3) and info.ids.shape == (4,)
-    np.testing.assert_array_equal(decode(items), info.ids)
-    check_windows(info.ids, 2, 4, 6)
-
-
-def test_time_stacked_false_returns_a_tuple_of_items(make_api):
-    api = make_api(batch_size=2, max_length=4)
-    api.add_steps(6)
-    steps, info = api.get_next(sample_batch_size=5, num_steps=3, time_stacked=False)
-    assert isinstance(steps, tuple) and len(steps) == 3 and len(info.ids) == 3
-    for step, ids in zip(steps, info.ids):
-        assert step["obs"]["pixels"].shape == (5, 4, 4)
-        np.testing.assert_array_equal(decode(step), ids)
-    check_windows(np.stack(info.ids, axis=-1), 2, 4, 6)
-    single, info = api.get_next(num_steps=2, time_stacked=False)
-    assert len(single) == 2 and single[0]["id"].shape == ()
-    assert decode(single[1]) == decode(single[0]) + 2 == info.ids[1]
-
-
-# --- gather_all, clear ---------------------------------------------------------------------
-
-
-def test_gather_all_is_batch_major_in_insertion_order(make_api):
-    api = make_api(batch_size=2, max_length=4)
-    api.add_steps(3)
-    everything = api.gather_all()
-    assert everything["obs"]["pixels"].shape == (2, 3, 4, 4) and everything["done"].shape == (2, 3)
-    np.testing.assert_array_equal(decode(everything), [[0, 2, 4], [1, 3, 5]])
-    api.add_steps(3)
-    np.testing.assert_array_equal(decode(api.gather_all()), live_ids(2, 4, 6))
-
-
-def test_clear_really_empties(make_api):
-    api = make_api(batch_size=2, max_length=3)
-    api.add_steps(5)
+def test_clear_really_empties_and_ids_restart(api):
+    api.add_steps(WRAPPED)
     api.clear()
     assert api.num_frames() == 0
-    assert api.gather_all()["obs"]["pixels"].shape == (2, 0, 4, 4)
-    with pytest.raises(api.error, match="get_next: the buffer is empty; add items before sampling"):
-        api.get_next(sample_batch_size=4)
-    assert api.rb.capacity == 6 and api.rb.data_spec == SPEC
-    api.add_batch(make_items([100, 101]))
-    np.testing.assert_array_equal(decode(api.gather_all()), [[100], [101]])
-    items, info = api.get_next(sample_batch_size=50)
-    assert set(decode(items).tolist()) == {100, 101} and set(info.ids.tolist()) == {0, 1}
+    assert api.rb.capacity == B * L and api.rb.data_spec == api.kind.data_spec
+    np.testing.assert_array_equal(api.kind.decode(api.gather_all(), B), api.kind.all_ids(B, L, 0))
+    with pytest.raises(api.error, match=api.kind.empty_message(None)):
+        api.get_next(SBS)
+    api.add_steps(4)
+    np.testing.assert_array_equal(api.kind.decode(api.gather_all(), B), api.kind.all_ids(B, L, 4))
+    items, info = api.get_next(COVER)
+    np.testing.assert_array_equal(api.kind.decode(items, B), info.ids)
+    assert set(info.ids.tolist()) == set(api.kind.valid_starts(B, L, 4, None))
 
 
-# --- errors ---------------------------------------------------------------------------------
+# --- errors ----------------------------------------------------------------------------------
 
 
-def test_sampling_an_empty_buffer_is_an_error(make_api):
-    api = make_api(batch_size=2, max_length=3)
-    with pytest.raises(api.error, match="get_next: the buffer is empty; add items before sampling"):
+def test_sampling_before_anything_can_be_drawn_is_an_error(api):
+    with pytest.raises(api.error, match=api.kind.empty_message(None)):
         api.get_next()
+    with pytest.raises(api.error, match=api.kind.empty_message(2)):
+        api.get_next(SBS, num_steps=2)
     api.add_steps(1)
-    with pytest.raises(api.error, match=r"no segment holds 2 consecutive items yet \(num_steps=2\)"):
-        api.get_next(sample_batch_size=3, num_steps=2)
+    with pytest.raises(api.error, match=api.kind.empty_message(2)):
+        api.get_next(SBS, num_steps=2)
+    api.add_steps(2)  # the failed draws left the buffer usable
+    items, info = api.get_next(SBS, num_steps=2)
+    np.testing.assert_array_equal(api.kind.decode(items, B), info.ids)
 
 
-def test_num_steps_longer_than_max_length_says_so(make_api):
-    api = make_api(batch_size=2, max_length=3)
-    api.add_steps(5)
-    with pytest.raises(ValueError, match=r"get_next: num_steps \(4\) must be at most max_length \(3\)"):
-        api.get_next(num_steps=4)
-    with pytest.raises(ValueError, match=r"as_dataset: num_steps \(4\) must be at most max_length \(3\)"):
-        api.rb.as_dataset(num_steps=4)
+def assert_rejected_and_unchanged(api, call, error, match, tmp_path) -> None:
+    """`call` raises, and the buffer is exactly as before: rows, counters, generator.
+
+    The state before is kept in a checkpoint; the state after the rejected call
+    (contents, count, the next seeded sample) must equal the restored one's.
+    """
+    checkpoint = tf.train.Checkpoint(buffer=api.rb)
+    path = checkpoint.write(str(tmp_path / "before"))
+    raw = variables_bytes(api.rb) if api.kind.is_tf else None
+    with pytest.raises(error, match=match):
+        call()
+    if raw is not None:
+        assert variables_bytes(api.rb) == raw
+    eager = Api(api.rb, "eager", api.kind)
+    after = state(eager, num_steps=2, sample_batch_size=SBS)
+    checkpoint.read(path)
+    assert_nest_equal(after, state(eager, num_steps=2, sample_batch_size=SBS))
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(sample_batch_size=0), r"get_next: sample_batch_size \(0\) must be a positive integer"),
-        (dict(sample_batch_size=-2), r"get_next: sample_batch_size \(-2\) must be a positive integer"),
-        (dict(sample_batch_size=2.0), r"get_next: sample_batch_size \(2.0\) must be a positive integer"),
-        (dict(sample_batch_size=True), r"get_next: sample_batch_size \(True\) must be a positive integer"),
-        (dict(num_steps=0), r"get_next: num_steps \(0\) must be a positive integer"),
-    ],
-    ids=["zero", "negative", "float", "bool", "zero-steps"],
-)
-def test_non_positive_sample_sizes_are_rejected(make_api, kwargs, message):
-    api = make_api(batch_size=2, max_length=3)
-    api.add_steps(3)
-    with pytest.raises(ValueError, match=message):
-        api.get_next(**kwargs)
-    with pytest.raises(ValueError, match=message.replace("get_next", "as_dataset")):
-        api.rb.as_dataset(**kwargs)
+BAD_SAMPLE_ARGS = {
+    "zero": (dict(sample_batch_size=0), r"sample_batch_size \(0\) must be a positive integer"),
+    "negative": (dict(sample_batch_size=-2), r"sample_batch_size \(-2\) must be a positive integer"),
+    "float": (dict(sample_batch_size=2.0), r"sample_batch_size \(2.0\) must be a positive integer"),
+    "bool": (dict(sample_batch_size=True), r"sample_batch_size \(True\) must be a positive integer"),
+    "zero-steps": (dict(num_steps=0), r"num_steps \(0\) must be a positive integer"),
+    "too-long": (None, None),  # num_steps one longer than a window may be
+}
 
 
-def test_as_dataset_rejects_bad_arguments(buffer_cls):
-    rb = buffer_cls(SPEC, batch_size=2, max_length=3)
+@pytest.mark.parametrize("case", BAD_SAMPLE_ARGS)
+def test_bad_sample_arguments_are_rejected_and_change_nothing(api, case, tmp_path):
+    kwargs, message = BAD_SAMPLE_ARGS[case]
+    if kwargs is None:
+        longest = api.kind.max_window(L)
+        kwargs, message = dict(num_steps=longest + 1), api.kind.too_long_message(longest + 1, L)
+    api.add_steps(WRAPPED)
+    assert_rejected_and_unchanged(api, lambda: api.get_next(**kwargs), ValueError, f"{api.where}: {message}", tmp_path)
+
+
+def test_as_dataset_rejects_bad_arguments(kind):
+    rb = shared_buffer(kind, B, L)
     with pytest.raises(ValueError, match=r"as_dataset: num_parallel_calls \(0\) must be a positive integer"):
         rb.as_dataset(num_parallel_calls=0)
     with pytest.raises(TypeError, match=r"as_dataset: sequence_preprocess_fn \(3\) must be callable"):
         rb.as_dataset(sequence_preprocess_fn=3)
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        (dict(batch_size=0, max_length=3), r"batch_size \(0\) must be a positive integer"),
-        (dict(batch_size=2, max_length=0), r"max_length \(0\) must be a positive integer"),
-        (dict(batch_size=2, max_length=-1), r"max_length \(-1\) must be a positive integer"),
-        (dict(batch_size=2, max_length=3, dataset_window_shift=0), r"dataset_window_shift \(0\) must be a positive"),
-    ],
-    ids=["batch_size", "max_length-zero", "max_length-negative", "window_shift"],
-)
-def test_non_positive_construction_sizes_are_rejected(buffer_cls, kwargs, message):
-    with pytest.raises(ValueError, match=f"{buffer_cls.__name__}: {message}"):
-        buffer_cls(SPEC, **kwargs)
+def set_leaf(items: dict, path: str, fn) -> None:
+    """Replaces the leaf at `path` (`a/b`) by `fn(leaf)`."""
+    *parents, leaf = path.split("/")
+    node = items
+    for key in parents:
+        node = node[key]
+    node[leaf] = fn(node[leaf])
 
 
-def _without_done(items):
-    del items["done"]
+def get_leaf(items: dict, path: str):
+    for key in path.split("/"):
+        items = items[key]
+    return items
 
 
-def _with_reward(items):
-    items["reward"] = np.zeros(2, np.float32)
+def bad_batches(kind) -> dict:
+    """`case -> (mutate(items) -> bad items, error, message)`, naming the adapter's leaves."""
+    drop, floats, shaped = kind.dropped_key, kind.float_leaf, kind.shaped_leaf
+
+    def mutated(path, fn):
+        def mutate(items):
+            set_leaf(items, path, fn)
+            return items
+
+        return mutate
+
+    def shape_message(items, path, fn, rule):
+        return re.escape(f"add_batch: {path} has shape {tuple(np.shape(fn(get_leaf(items, path))))}; {rule}")
+
+    good = kind.items(np.arange(B), B)
+    short = lambda x: x[:, :-1]  # noqa: E731
+    spec_shape = tuple(get_leaf(kind.items(np.arange(1), 1), shaped).shape[1:])
+    float_shape = list(get_leaf(good, floats).shape[1:])
+    return {
+        "missing-leaf": (
+            lambda items: {k: v for k, v in items.items() if k != drop},
+            TypeError,
+            rf"add_batch: items \(missing \['{drop}'\], unexpected \[\]\) must have the structure",
+        ),
+        "extra-leaf": (
+            lambda items: {**items, "extra": np.zeros(B, np.float32)},
+            TypeError,
+            r"add_batch: items \(missing \[\], unexpected \['extra'\]\) must have the structure",
+        ),
+        "renamed-leaf": (
+            lambda items: {(k + "_x" if k == drop else k): v for k, v in items.items()},
+            TypeError,
+            rf"add_batch: items \(missing \['{drop}'\], unexpected \['{drop}_x'\]\) must have the structure",
+        ),
+        "wrong-container": (
+            lambda items: list(items.values()),
+            TypeError,
+            r"add_batch: items \(.*\) must have the structure of data_spec",
+        ),
+        "python-list-leaf": (mutated("action", list), TypeError, r"unexpected \['action/0', 'action/1'\]"),
+        "dtype-float": (
+            mutated(floats, lambda x: x.astype(np.float64)),
+            TypeError,
+            rf"add_batch: {floats} has dtype float64; the spec expects float32",
+        ),
+        "dtype-int": (
+            mutated("action", lambda x: x.astype(np.int64)),
+            TypeError,
+            r"add_batch: action has dtype int64; the spec expects int32",
+        ),
+        "inner-shape": (
+            mutated(shaped, short),
+            ValueError,
+            shape_message(
+                good, shaped, lambda x: x[0, :-1], f"the spec expects {spec_shape} after the batch dimension"
+            ),
+        ),
+        "inner-rank": (
+            mutated(floats, lambda x: x[..., None]),
+            ValueError,
+            shape_message(good, floats, lambda x: x[..., None], f"it must be [batch] + {float_shape}"),
+        ),
+        "no-batch-dim": (
+            mutated("action", lambda x: x[0]),
+            ValueError,
+            r"add_batch: action has shape \(\); it must be \[batch\] \+ \[\] \(an outer batch dimension",
+        ),
+        "batch-size": (
+            lambda items: kind.items(np.arange(B + 1), B),
+            ValueError,
+            rf"add_batch: action has outer \(batch\) dimension {B + 1}; it must equal the buffer's batch_size \({B}\)",
+        ),
+        "mismatched-outer": (
+            mutated(floats, lambda x: x[:1]),
+            ValueError,
+            rf"add_batch: {floats} has outer \(batch\) dimension 1; it must equal the buffer's batch_size \({B}\)",
+        ),
+    }
 
 
-def _as_list(items):
-    return [items["obs"], items["action"], items["done"], items["id"]]
+# Writes differ between modes only for the TF buffers (the NumPy twins always add eagerly).
+ADD_MODES = [(k, "eager") for k in KINDS] + [(k, "function") for k in KINDS if KINDS[k].is_tf]
 
 
-def _set(path, fn):
-    def mutate(items):
-        *parents, leaf = path.split("/")
-        node = items
-        for key in parents:
-            node = node[key]
-        node[leaf] = fn(node[leaf])
-
-    return mutate
-
-
-BAD_BATCHES = {
-    "missing-leaf": (_without_done, TypeError, r"add_batch: items \(missing \['done'\], unexpected \[\]\) must have"),
-    "extra-leaf": (_with_reward, TypeError, r"add_batch: items \(missing \[\], unexpected \['reward'\]\) must have"),
-    "renamed-leaf": (
-        lambda items: items.update(idx=items.pop("id")),
-        TypeError,
-        r"add_batch: items \(missing \['id'\], unexpected \['idx'\]\) must have the structure",
-    ),
-    "wrong-container": (_as_list, TypeError, r"add_batch: items \(.*\) must have the structure of data_spec"),
-    "python-list-leaf": (_set("action", list), TypeError, r"unexpected \['action/0', 'action/1'\]"),
-    "dtype-float": (
-        _set("obs/vec", lambda x: x.astype(np.float64)),
-        TypeError,
-        r"add_batch: obs/vec has dtype float64; the spec expects float32",
-    ),
-    "dtype-int": (
-        _set("action", lambda x: x.astype(np.int64)),
-        TypeError,
-        r"add_batch: action has dtype int64; the spec expects int32",
-    ),
-    "inner-shape": (
-        _set("obs/pixels", lambda x: x[:, :3]),
-        ValueError,
-        r"add_batch: obs/pixels has shape \(3, 4\); the spec expects \(4, 4\) after the batch dimension",
-    ),
-    "inner-rank": (
-        _set("obs/vec", lambda x: x[..., None]),
-        ValueError,
-        r"add_batch: obs/vec has shape \(2, 3, 1\); it must be \[batch\] \+ \[3\]",
-    ),
-    "no-batch-dim": (
-        _set("id", lambda x: x[0]),
-        ValueError,
-        r"add_batch: id has shape \(\); it must be \[batch\] \+ \[\] \(an outer batch dimension",
-    ),
-    "batch-size": (
-        lambda items: items.update(make_items([10, 11, 12])),
-        ValueError,
-        r"add_batch: action has outer \(batch\) dimension 3; it must equal the buffer's batch_size \(2\)",
-    ),
-    "mismatched-outer": (
-        _set("obs/vec", lambda x: x[:1]),
-        ValueError,
-        r"add_batch: obs/vec has outer \(batch\) dimension 1; it must equal the buffer's batch_size \(2\)",
-    ),
-}
+@pytest.mark.parametrize("case", sorted(bad_batches(KINDS["tf-uniform"])))
+@pytest.mark.parametrize("kind_name, add_mode", ADD_MODES, ids=[f"{k}-{m}" for k, m in ADD_MODES])
+def test_a_rejected_batch_names_the_leaf_and_changes_nothing(kind_name, add_mode, case, tmp_path):
+    kind = KINDS[kind_name]
+    api = Api(shared_buffer(kind, B, L), add_mode, kind)
+    api.add_steps(WRAPPED)
+    mutate, error, message = bad_batches(kind)[case]
+    items = mutate(kind.items(WRAPPED * B + np.arange(B), B))
+    assert_rejected_and_unchanged(api, lambda: api.add_batch(items), error, message, tmp_path)
 
 
-_REFERENCE_STATES = {}
-
-
-def filled(variant: str) -> Api:
-    """A wrapped buffer (the next write would overwrite a live item), filled eagerly."""
-    api = Api(make_buffer(variant, 2, 3, seed=5), False)
-    api.add_steps(4)
-    return api
-
-
-def reference_state(variant: str):
-    """`state` of an untouched `filled` buffer (the same for every case)."""
-    if variant not in _REFERENCE_STATES:
-        _REFERENCE_STATES[variant] = state(filled(variant), num_steps=2)
-    return _REFERENCE_STATES[variant]
-
-
-@pytest.mark.parametrize("case", sorted(BAD_BATCHES))
-def test_a_rejected_batch_names_the_leaf_and_changes_nothing(variant, case):
-    mutate, error, message = BAD_BATCHES[case]
-    subject = filled(variant)
-    raw_before = variables_bytes(subject.rb) if variant != "py" else None
-    items = make_items([10, 11])
-    items = mutate(items) or items
-    with pytest.raises(error, match=message):
-        Api(subject.rb, "function" in variant).add_batch(items)
-    if raw_before is not None:
-        assert variables_bytes(subject.rb) == raw_before
-    assert_nest_equal(state(subject, num_steps=2), reference_state(variant))
-
-
-def test_runtime_shape_checks_in_a_graph_leave_the_buffer_unchanged():
+@pytest.mark.parametrize("kind", [k for k in KINDS.values() if k.is_tf], ids=str)
+def test_runtime_shape_checks_in_a_graph_leave_the_buffer_unchanged(kind):
     """Unknown dimensions are checked when the graph runs; no leaf is written first."""
-    subject = filled("tf-eager")
-    signature = tf.nest.map_structure(lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype), SPEC)
-    add = tf.function(subject.rb.add_batch, input_signature=[signature])
-    bad_batch = make_items([10, 11, 12])
-    torn = make_items([10, 11])
-    torn["id"] = torn["id"][:1]  # one short leaf: the others would fit the scatter
-    raw_before = variables_bytes(subject.rb)
-    for items, leaf in ((bad_batch, "action"), (torn, "id")):
-        with pytest.raises(tf.errors.InvalidArgumentError, match=rf"add_batch: {leaf} must have shape \[2\]"):
+    api = Api(shared_buffer(kind, B, L), "eager", kind)
+    api.add_steps(WRAPPED)
+    signature = tf.nest.map_structure(lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype), api.rb.data_spec)
+    add = tf.function(api.rb.add_batch, input_signature=[signature])
+    good = kind.items(WRAPPED * B + np.arange(B), B)
+    torn = kind.items(WRAPPED * B + np.arange(B), B)
+    set_leaf(torn, kind.float_leaf, lambda x: x[:1])  # one short leaf: the others would fit the scatter
+    float_shape = [B] + list(get_leaf(good, kind.float_leaf).shape[1:])
+    raw_before = variables_bytes(api.rb)  # rows, counters and generator
+    cases = [
+        (kind.items(np.arange(B + 1), B), rf"add_batch: \S+ must have shape \[{B}"),
+        (torn, re.escape(f"add_batch: {kind.float_leaf} must have shape {float_shape}")),
+    ]
+    for items, message in cases:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             add(items)
-    assert variables_bytes(subject.rb) == raw_before
-    assert_nest_equal(state(subject, num_steps=2), reference_state("tf-eager"))
-    add(make_items([8, 9]))
-    np.testing.assert_array_equal(decode(subject.gather_all()), [[4, 6, 8], [5, 7, 9]])
+        assert variables_bytes(api.rb) == raw_before
+    add(good)
+    api.num_adds += 1
+    np.testing.assert_array_equal(kind.decode(api.gather_all(), B), kind.all_ids(B, L, WRAPPED + 1))
 
 
 def test_the_abstract_base_cannot_be_instantiated():
     with pytest.raises(TypeError, match="abstract"):
-        ReplayBuffer(SPEC, 10)
+        ReplayBuffer({"a": tf.TensorSpec([], tf.int32)}, 10)
 
 
 # --- as_dataset -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sample_batch_size, num_steps", [(None, None), (6, None), (None, 3), (6, 3)])
-def test_dataset_elements_are_items_and_buffer_info(buffer_cls, sample_batch_size, num_steps):
-    rb = buffer_cls(SPEC, batch_size=2, max_length=4, seed=1)
-    api = Api(rb, False)
-    api.add_steps(6)
-    ds = rb.as_dataset(sample_batch_size, num_steps)
-    outer = [d for d in (sample_batch_size, num_steps) if d is not None]
-    items_spec, info_spec = ds.element_spec
-    assert isinstance(info_spec, BufferInfo)
-    assert items_spec["obs"]["pixels"].shape == outer + [4, 4] and items_spec["done"].dtype == tf.bool
-    assert info_spec.ids.shape == outer
-    assert info_spec.probabilities.shape == ([] if sample_batch_size is None else [sample_batch_size])
-    for items, info in ds.take(3):
-        assert isinstance(info, BufferInfo)
-        ids = info.ids.numpy()
-        np.testing.assert_array_equal(decode(items), ids)
-        if num_steps:
-            check_windows(ids, 2, 4, 6)
-        windows = 2 * (4 - (num_steps or 1) + 1)
-        np.testing.assert_allclose(info.probabilities.numpy(), 1 / windows)
-
-
-def test_dataset_sees_items_added_after_it_was_made(buffer_cls):
-    rb = buffer_cls(SPEC, batch_size=2, max_length=3, seed=1)
-    api = Api(rb, False)
-    ds = rb.as_dataset(8, num_steps=2)
-    api.add_steps(2)
+def test_dataset_sees_items_added_after_it_was_made(kind):
+    api = Api(shared_buffer(kind, B, L), "eager", kind)
+    ds = api.rb.as_dataset(8, num_steps=2)
+    api.add_steps(4)
     iterator = iter(ds)
-    assert set(next(iterator)[1].ids.numpy().ravel().tolist()) <= {0, 1, 2, 3}
-    api.add_steps(3)  # every earlier item is overwritten
+    items, info = next(iterator)
+    assert isinstance(info, BufferInfo)
+    assert set(info.ids.numpy()[:, 0].tolist()) <= set(kind.valid_starts(B, L, 4, 2))
+    api.add_steps(WRAPPED - 4)  # every window drawn so far is overwritten
     # tf.data may have prefetched a few elements drawn before the add.
-    fresh = [(info.ids.numpy() >= 4).all() for _, info in (next(iterator) for _ in range(10))]
+    fresh = [(info.ids.numpy() >= 4 * B).all() for _, info in (next(iterator) for _ in range(10))]
     assert fresh[-1] and fresh == sorted(fresh), fresh
     items, info = next(iterator)
-    np.testing.assert_array_equal(decode(items), info.ids.numpy())
-    assert (info.ids.numpy() >= 4).all()
+    np.testing.assert_array_equal(kind.decode(items, B), info.ids.numpy())
+    assert set(info.ids.numpy()[:, 0].tolist()) <= set(kind.valid_starts(B, L, WRAPPED, 2))
 
 
-@pytest.mark.parametrize("num_parallel_calls", [2, tf.data.AUTOTUNE])
-def test_dataset_with_parallel_calls_draws_valid_windows(buffer_cls, num_parallel_calls):
-    rb = buffer_cls(SPEC, batch_size=3, max_length=4, seed=1)
-    Api(rb, False).add_steps(7)
-    for items, info in rb.as_dataset(16, num_steps=2, num_parallel_calls=num_parallel_calls).take(8):
-        np.testing.assert_array_equal(decode(items), info.ids.numpy())
-        check_windows(info.ids.numpy(), 3, 4, 7)
+@pytest.mark.parametrize("num_parallel_calls", [2, tf.data.AUTOTUNE], ids=["2", "autotune"])
+def test_dataset_with_parallel_calls_draws_valid_windows(kind, num_parallel_calls):
+    api = Api(shared_buffer(kind, B, L), "eager", kind)
+    api.add_steps(WRAPPED)
+    valid = set(kind.valid_starts(B, L, WRAPPED, 2))
+    for items, info in api.rb.as_dataset(SBS, num_steps=2, num_parallel_calls=num_parallel_calls).take(8):
+        np.testing.assert_array_equal(kind.decode(items, B), info.ids.numpy())
+        assert set(info.ids.numpy()[:, 0].tolist()) <= valid
+        np.testing.assert_array_equal(np.diff(info.ids.numpy(), axis=1), B)
 
 
-def test_sequence_preprocess_fn_sees_stacked_batches(buffer_cls):
-    rb = buffer_cls(SPEC, batch_size=2, max_length=4, seed=1)
-    Api(rb, False).add_steps(4)
+def test_sequence_preprocess_fn_sees_stacked_batches(kind):
+    api = Api(shared_buffer(kind, B, L), "eager", kind)
+    api.add_steps(WRAPPED)
     seen = []
 
     def preprocess(items):
-        seen.append(items["obs"]["pixels"].shape.as_list())
-        return {"id": items["id"] * 10, "next_id": items["id"][:, 1:]}
+        seen.append(items["action"].shape.as_list())
+        return {"action": items["action"] * 10, "next_action": items["action"][:, 1:]}
 
-    for items, info in rb.as_dataset(5, num_steps=3, sequence_preprocess_fn=preprocess).take(2):
-        np.testing.assert_array_equal(items["id"], info.ids * 10)
-        np.testing.assert_array_equal(items["next_id"], info.ids[:, 1:])
-    assert seen == [[5, 3, 4, 4]]
+    for items, info in api.rb.as_dataset(SBS, num_steps=2, sequence_preprocess_fn=preprocess).take(2):
+        np.testing.assert_array_equal(items["action"], info.ids * 10)
+        np.testing.assert_array_equal(items["next_action"], info.ids[:, 1:])
+    assert seen == [[SBS, 2]]
 
 
-def test_stateful_dataset_tells_tf_data_to_ignore_the_buffer_state(buffer_cls):
+def test_stateful_dataset_tells_tf_data_to_ignore_the_buffer_state(kind):
     policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    stateful, plain = kind.make(B, L, stateful_dataset=True), kind.make(B, L)
+    assert stateful.stateful_dataset and not plain.stateful_dataset
     for single_pass in (False, True):
-        stateful = buffer_cls(SPEC, batch_size=2, max_length=3, stateful_dataset=True)
-        assert stateful.stateful_dataset
         options = stateful.as_dataset(2, single_deterministic_pass=single_pass).options()
         assert options.experimental_external_state_policy == policy
-        plain = buffer_cls(SPEC, batch_size=2, max_length=3).as_dataset(2, single_deterministic_pass=single_pass)
-        assert plain.options().experimental_external_state_policy != policy
+        options = plain.as_dataset(2, single_deterministic_pass=single_pass).options()
+        assert options.experimental_external_state_policy != policy
 
 
-def test_dataset_iterates_inside_tf_function():
-    rb = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=3, seed=1)
-    Api(rb, False).add_steps(5)
+def test_dataset_iterates_inside_tf_function(kind):
+    api = Api(shared_buffer(kind, B, L), "eager", kind)
+    api.add_steps(WRAPPED)
+    ds = api.rb.as_dataset(SBS, num_steps=2)
 
     @tf.function
-    def total_of_sampled_ids():
+    def count_fresh_ids():
         total = tf.constant(0, tf.int64)
-        for items, info in rb.as_dataset(4, num_steps=2).take(3):
-            tf.debugging.assert_equal(items["id"], info.ids)
-            total += tf.reduce_sum(tf.cast(info.ids >= 4, tf.int64))
+        for items, info in ds.take(3):
+            tf.debugging.assert_equal(tf.cast(items["action"], tf.int64), info.ids)
+            total += tf.reduce_sum(tf.cast(info.ids >= (WRAPPED - L) * B, tf.int64))
         return total
 
-    assert total_of_sampled_ids().numpy() == 3 * 4 * 2
+    assert count_fresh_ids().numpy() == 3 * SBS * 2
 
 
 # --- single deterministic pass ----------------------------------------------------------
 
 
-def single_pass_model(batch_size, max_length, num_adds, sample_batch_size, num_steps, shift, drop):
-    """Expected ids per element: TF-Agents' order, computed by hand.
-
-    Unbatched: each segment in turn, its live items in windows of `num_steps`
-    every `shift` (a short last window unless `drop`). Batched: groups of
-    `sample_batch_size` segments (a short last group unless `drop`), each
-    yielding its windows side by side; as in TF-Agents, a short last window is
-    dropped there (a batch cannot mix window lengths).
-    """
-    live = live_ids(batch_size, max_length, num_adds).tolist()
-
-    def windows(seq, drop_short):
-        if num_steps is None:
-            return list(seq)
-        out = [seq[i : i + num_steps] for i in range(0, len(seq), shift or num_steps)]
-        return [w for w in out if len(w) == num_steps or not drop_short]
-
-    if sample_batch_size is None:
-        return [w for segment in live for w in windows(segment, drop)]
-    groups = [list(range(g, min(g + sample_batch_size, batch_size))) for g in range(0, batch_size, sample_batch_size)]
-    groups = [g for g in groups if len(g) == sample_batch_size or not drop]
-    times = list(range(len(live[0])))
-
-    def element(group, window):  # [segments, time] or, without num_steps, [segments]
-        return [[live[s][t] for t in window] if num_steps else live[s][window] for s in group]
-
-    return [element(g, w) for g in groups for w in windows(times, True)]
-
-
-SINGLE_PASS_CASES = {
-    "items": (None, None, None, False),
-    "windows": (None, 2, None, False),
-    "windows-short-last": (None, 3, None, False),
-    "windows-drop-short": (None, 3, None, True),
-    "windows-shift-1": (None, 2, 1, False),
-    "windows-shift-1-drop": (None, 3, 1, True),
-    "batched-items": (2, None, None, False),
-    "batched-items-drop": (2, None, None, True),
-    "batched-windows": (2, 2, None, False),
-    "batched-windows-all-segments": (3, 2, None, False),
-    "batched-windows-short-dropped": (2, 3, None, False),
-    "batched-windows-shift-1": (3, 2, 1, False),
-}
-
-
-@pytest.mark.parametrize("num_adds", [3, 6], ids=["partial", "wrapped"])
-@pytest.mark.parametrize("case", sorted(SINGLE_PASS_CASES))
-def test_single_deterministic_pass(buffer_cls, case, num_adds):
-    sample_batch_size, num_steps, shift, drop = SINGLE_PASS_CASES[case]
-    rb = buffer_cls(SPEC, batch_size=3, max_length=4, dataset_window_shift=shift, dataset_drop_remainder=drop)
-    Api(rb, False).add_steps(num_adds)
-    ds = rb.as_dataset(sample_batch_size, num_steps, num_parallel_calls=2, single_deterministic_pass=True)
-    got = []
-    for items, info in ds:
-        np.testing.assert_array_equal(decode(items), info.ids.numpy())
+def test_single_pass_yields_every_stored_item_once_in_gather_all_order(kind):
+    api = Api(shared_buffer(kind, B, L), "eager", kind)
+    api.add_steps(WRAPPED)
+    ds = api.rb.as_dataset(single_deterministic_pass=True)
+    elements = list(ds)
+    assert [int(info.ids) for _, info in elements] == kind.all_ids(B, L, WRAPPED).ravel().tolist()
+    for items, info in elements:
         assert info.probabilities == ()
-        got.append(info.ids.numpy().tolist())
-    assert got == single_pass_model(3, 4, num_adds, sample_batch_size, num_steps, shift, drop)
-
-
-def test_single_pass_yields_every_stored_item_exactly_once_in_order(buffer_cls):
-    rb = buffer_cls(SPEC, batch_size=4, max_length=5)
-    api = Api(rb, False)
-    api.add_steps(13)
-    ds = rb.as_dataset(single_deterministic_pass=True)
-    ids = [int(info.ids) for _, info in ds]
-    assert ids == live_ids(4, 5, 13).ravel().tolist()
+        np.testing.assert_array_equal(kind.decode(items, B), info.ids.numpy())
     api.add_steps(1)  # the same dataset, iterated again, reads the new state
-    assert [int(info.ids) for _, info in ds] == live_ids(4, 5, 14).ravel().tolist()
+    assert [int(info.ids) for _, info in ds] == kind.all_ids(B, L, WRAPPED + 1).ravel().tolist()
 
 
-def test_single_pass_with_every_batch_dropped_is_an_error(buffer_cls):
-    rb = buffer_cls(SPEC, batch_size=2, max_length=4, dataset_drop_remainder=True)
-    with pytest.raises(ValueError, match=r"as_dataset: sample_batch_size \(3\) must be at most batch_size \(2\)"):
-        rb.as_dataset(3, single_deterministic_pass=True)
+@pytest.mark.parametrize("sample_batch_size, num_steps", [(None, None), (SBS, None), (None, 2), (SBS, 2)])
+def test_single_pass_element_spec_keeps_the_item_shapes(kind, sample_batch_size, num_steps, request):
+    """Outer dimensions may be unknown (a short last batch or window); an item's own are the spec's."""
+    ds = shared_buffer(kind, B, L).as_dataset(sample_batch_size, num_steps, single_deterministic_pass=True)
+    outer = [d for d in (sample_batch_size, num_steps) if d is not None]
+    items_spec, info_spec = ds.element_spec
+    tf.nest.assert_same_structure(items_spec, kind.item_spec())
+    for got, want in zip(tf.nest.flatten(items_spec), tf.nest.flatten(kind.item_spec())):
+        assert got.dtype == want.dtype and got.shape.rank == len(outer) + want.shape.rank, (got, want)
+        assert got.shape[len(outer) :] == want.shape, (got, want)
+        assert all(d in (None, o) for d, o in zip(got.shape[: len(outer)].as_list(), outer)), (got, outer)
+    assert info_spec.ids.shape.rank == len(outer)
 
 
-# --- the NumPy twin's TF-Agents construction --------------------------------------------
+def test_single_pass_refuses_items_overwritten_while_it_runs(kind):
+    """The pass reads its windows when it starts; an element whose items a writer overwrote since raises.
+
+    Elements read before the overwrite (tf.data may read ahead), and those whose items survive it, match
+    their ids.
+    """
+    length = 20
+    api = Api(shared_buffer(kind, B, length), "eager", kind)
+    api.add_steps(length)
+    snapshot = kind.all_ids(B, length, length).ravel().tolist()
+    iterator = iter(api.rb.as_dataset(single_deterministic_pass=True))
+    elements = [next(iterator)]
+    api.add_steps(length // 2)  # overwrites the oldest half of every segment
+    ids, refused = [int(elements[0][1].ids)], 0
+    while True:
+        try:
+            items, info = next(iterator)
+        except StopIteration:
+            break
+        except tf.errors.InvalidArgumentError as err:
+            assert "a writer overwrote items of this single deterministic pass" in err.message
+            refused += 1
+            continue
+        np.testing.assert_array_equal(kind.decode(to_numpy(items), B), info.ids.numpy())
+        ids.append(int(info.ids))
+    assert refused > 0
+    assert ids == [i for i in snapshot if i in set(ids)]  # the snapshot's order
 
 
-def test_py_buffer_built_from_capacity_takes_any_batch_size():
-    rb = PyUniformReplayBuffer(SPEC, 4, seed=0)
-    assert rb.capacity == 4 and rb.batch_size == 1 and rb.max_length == 4
-    rb.add_batch(make_items([0, 1, 2]))
-    np.testing.assert_array_equal(decode(rb.gather_all()), [[0, 1, 2]])
-    rb.add_batch(make_items(np.arange(3, 13)))  # more rows than the capacity: the newest stay
-    rb.add_batch(make_items(np.zeros([0], np.int64)))
-    assert rb.num_frames() == 4
-    np.testing.assert_array_equal(decode(rb.gather_all()), [[9, 10, 11, 12]])
-    rb.add_batch(make_items([13]))
-    items, info = rb.get_next(sample_batch_size=40, num_steps=4)
-    np.testing.assert_array_equal(decode(items), info.ids)
-    np.testing.assert_array_equal(info.ids, np.tile([10, 11, 12, 13], (40, 1)))
-    with pytest.raises(ValueError, match=r"add_batch: leaves have different batch sizes \(.*action: 2.*id: 1"):
-        bad = make_items([20, 21])
-        bad["id"] = bad["id"][:1]
-        rb.add_batch(bad)
-    assert rb.num_frames() == 4
+# --- spec nests ----------------------------------------------------------------------------
+
+AUX = [tf.TensorSpec([2], tf.float32), tf.TensorSpec([], tf.int32)]
 
 
-@pytest.mark.parametrize(
-    "args, kwargs, message",
-    [
-        ((0,), {}, r"capacity \(0\) must be a positive integer"),
-        ((2.5,), {}, r"capacity \(2.5\) must be a positive integer"),
-        ((), {}, r"capacity \(None\) must be given, or batch_size and max_length"),
-        ((10,), dict(max_length=5), r"max_length \(5\) must come with batch_size"),
-        ((10,), dict(batch_size=3), r"capacity \(10\) must be a multiple of batch_size \(3\)"),
-        ((10,), dict(batch_size=2, max_length=4), r"capacity \(10\) must equal batch_size \(2\) \* max_length \(4\)"),
-    ],
-    ids=["zero", "float", "missing", "max_length-alone", "not-a-multiple", "conflict"],
-)
-def test_py_buffer_construction_errors(args, kwargs, message):
-    with pytest.raises(ValueError, match=f"PyUniformReplayBuffer: {message}"):
-        PyUniformReplayBuffer(SPEC, *args, **kwargs)
+def aux_values(ids, container) -> list | tuple:
+    """Values of `AUX` for items `ids`, in a list or a tuple."""
+    ids = np.asarray(ids)
+    return container([np.stack([ids, -ids], axis=-1).astype(np.float32), ids.astype(np.int32)])
 
 
-def test_py_buffer_capacity_and_batch_size_give_the_segments():
-    rb = PyUniformReplayBuffer(SPEC, 6, batch_size=2)
-    assert (rb.batch_size, rb.max_length, rb.capacity) == (2, 3, 6)
-    assert PyUniformReplayBuffer(SPEC, 6, batch_size=2, max_length=3).capacity == 6
+def test_a_data_spec_with_python_lists_works_end_to_end(kind):
+    """Lists or tuples go in; samples keep the spec's nest, `as_dataset` (which has no lists) tuples."""
+    rb = kind.make(B, L, data_spec={**kind.data_spec, "aux": list(AUX)})
+    for step in range(WRAPPED):
+        ids = step * B + np.arange(B)
+        rb.add_batch({**kind.items(ids, B), "aux": aux_values(ids, list if step % 2 else tuple)})
 
+    def check(items, ids):
+        items = to_numpy(items)
+        assert_nest_equal(tuple(items.pop("aux")), aux_values(ids, tuple))
+        np.testing.assert_array_equal(kind.decode(items, B), ids)
 
-def test_py_buffer_in_a_graph_says_to_call_it_eagerly():
-    rb = PyUniformReplayBuffer(SPEC, batch_size=2, max_length=3)
-    with pytest.raises(TypeError, match="add_batch: action is a graph tensor; a NumPy buffer stores values"):
-        tf.function(rb.add_batch)(make_items([0, 1]))
-
-
-# --- spec kinds ------------------------------------------------------------------------------
-
-Transition = collections.namedtuple("Transition", ["observation", "action", "reward"])
-
-
-class ArraySpecLike:
-    """Like TF-Agents' ArraySpec: a leaf with `shape` and a NumPy `dtype`."""
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = shape, np.dtype(dtype)
-
-
-SPEC_KINDS = {
-    "bounded-namedtuple": Transition(
-        tf.TensorSpec([2], tf.float32),
-        tensor_spec.BoundedTensorSpec([], tf.int64, minimum=0, maximum=3),
-        tf.TensorSpec([], tf.float32),
-    ),
-    "tuple": (tf.TensorSpec([2], tf.float32), (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32))),
-    "array-spec-like": {"a": ArraySpecLike((2,), np.float32), "b": ArraySpecLike((), np.int64)},
-    "single-leaf": tf.TensorSpec([2], tf.float32),
-}
-
-
-def _np_dtype(s):
-    return s.dtype.as_numpy_dtype if isinstance(s.dtype, tf.DType) else s.dtype
-
-
-def _batch_for(spec, values):
-    """A batch of `spec`'s structure whose every leaf holds `values`."""
-    values = np.asarray(values)
-
-    def leaf(s):
-        column = values.reshape((-1,) + (1,) * len(s.shape))
-        return np.broadcast_to(column, values.shape + tuple(s.shape)).astype(_np_dtype(s))
-
-    return tf.nest.map_structure(leaf, spec)
-
-
-@pytest.mark.parametrize("kind", sorted(SPEC_KINDS))
-def test_any_nest_of_specs_works(buffer_cls, kind):
-    spec = SPEC_KINDS[kind]
-    rb = buffer_cls(spec, batch_size=2, max_length=3, seed=0)
-    for step in range(4):
-        rb.add_batch(_batch_for(spec, [2 * step, 2 * step + 1]))
-    tf.nest.assert_same_structure(rb.data_spec, spec)
-    assert all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(rb.data_spec))
-    everything = rb.gather_all()
-    tf.nest.assert_same_structure(everything, spec)  # check_types: the namedtuple stays a namedtuple
-    for got in tf.nest.flatten(everything):
-        np.testing.assert_array_equal(np.asarray(got).reshape(2, 3, -1)[..., 0], [[2, 4, 6], [3, 5, 7]])
-    items, info = rb.get_next(sample_batch_size=5, num_steps=2)
-    tf.nest.assert_same_structure(items, spec)
-    for got in tf.nest.flatten(items):
-        np.testing.assert_array_equal(np.asarray(got).reshape(5, 2, -1)[..., 0], info.ids)
-
-
-def test_bounded_specs_are_kept_as_they_are(buffer_cls):
-    rb = buffer_cls(SPEC_KINDS["bounded-namedtuple"], batch_size=1, max_length=2)
-    assert isinstance(rb.data_spec.action, tensor_spec.BoundedTensorSpec)
-    assert rb.data_spec.action.maximum == 3
-
-
-# --- XLA ----------------------------------------------------------------------------------
-
-
-def test_add_batch_and_get_next_compile_with_xla_and_match_eager():
-    eager = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=3, seed=11)
-    compiled = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=3, seed=11)
-    add = tf.function(compiled.add_batch, jit_compile=True)
-    sample = tf.function(lambda: compiled.get_next(sample_batch_size=16, num_steps=2), jit_compile=True)
-    sample_one = tf.function(lambda: compiled.get_next(), jit_compile=True)
-    for step in range(5):
-        items = make_items([2 * step, 2 * step + 1])
-        eager.add_batch(items)
-        add(items)
-    assert_nest_equal(to_numpy(compiled.gather_all()), to_numpy(eager.gather_all()))
-    assert int(compiled.num_frames()) == 6
-    for _ in range(2):
-        assert_nest_equal(to_numpy(sample()), to_numpy(eager.get_next(sample_batch_size=16, num_steps=2)))
-        assert_nest_equal(to_numpy(sample_one()), to_numpy(eager.get_next()))
-    items, info = to_numpy(sample())
-    np.testing.assert_array_equal(decode(items), info.ids)
-    check_windows(info.ids, 2, 3, 5)
-
-
-def test_xla_sampling_of_an_empty_buffer_is_marked_by_zero_probability():
-    """XLA drops assertions, so no error can be raised; the sample says it is empty."""
-    rb = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=4, seed=0)
-    sample = tf.function(lambda: rb.get_next(3, num_steps=2), jit_compile=True)
-    _, info = sample()
-    np.testing.assert_array_equal(info.probabilities.numpy(), np.zeros(3, np.float32))
-    rb.add_batch(make_items([0, 1]))
-    rb.add_batch(make_items([2, 3]))
-    _, info = sample()
-    np.testing.assert_allclose(info.probabilities.numpy(), np.full(3, 0.5, np.float32))
-
-
-def test_seedless_buffers_under_a_global_seed_are_reproducible_and_distinct():
-    def draws():
-        tf.random.set_seed(11)
-        buffers = [TFUniformReplayBuffer(SPEC, batch_size=1, max_length=64) for _ in range(2)]
-        for rb in buffers:
-            for i in range(64):
-                rb.add_batch(make_items([i]))
-        return [rb.get_next(32)[1].ids.numpy() for rb in buffers]
-
-    first, second = draws(), draws()
-    np.testing.assert_array_equal(first[0], second[0])
-    np.testing.assert_array_equal(first[1], second[1])
-    assert not np.array_equal(first[0], first[1])
+    items, info = rb.get_next(SBS)
+    tf.nest.assert_same_structure(items, {**kind.item_spec(), "aux": AUX}, check_types=False)
+    check(items, info.ids)
+    ds = rb.as_dataset(SBS)
+    want = with_outer({**kind.item_spec(), "aux": tuple(AUX)}, [SBS])
+    tf.nest.assert_same_structure(ds.element_spec[0], want)  # with container types: a tuple, not a list
+    assert [s.dtype for s in tf.nest.flatten(ds.element_spec[0])] == [s.dtype for s in tf.nest.flatten(want)]
+    items, info = next(iter(ds))
+    check(items, info.ids.numpy())

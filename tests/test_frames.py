@@ -16,102 +16,12 @@ import numpy as np
 import pytest
 import scipy.stats
 import tensorflow as tf
-from test_concurrency import run_threads
+from helpers import FRAME, Reference, frame_of, make_stream, row, run_threads
 
 from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec, native
 from tfreplay.core import stacks as frame_index
 
-FRAME = (2, 3)
-EXTRAS = ("action", "reward", "terminated", "truncated")
 TWINS = ["tf", "tf-xla", "py"]  # tf: stacks from the native kernel; tf-xla: from XLA
-
-
-def frame_of(segment: int, local: np.ndarray) -> np.ndarray:
-    """Frames that are never all zero and tell their segment and id."""
-    local = np.asarray(local)
-    out = np.zeros(local.shape + FRAME, np.uint8)
-    out[..., 0, 0] = segment + 1
-    out[..., 0, 1] = local % 256
-    out[..., 0, 2] = local // 256
-    out[..., 1, :] = ((local[..., None] * 7 + segment * 13 + np.arange(3)) % 250 + 1).astype(np.uint8)
-    return out
-
-
-def make_stream(rng: np.random.Generator, segment: int, length: int, max_episode: int = 6) -> dict:
-    """Rows of one environment: a first frame, then its steps, episode after episode.
-
-    Episodes end terminated, truncated, or (rarely) with no step at all; the
-    last one may still be running.
-    """
-    first, terminated, truncated = [], [], []
-    while len(first) < length:
-        steps = int(rng.integers(0, max_episode + 1)) if rng.random() < 0.1 else int(rng.integers(1, max_episode + 1))
-        end = rng.choice(["terminated", "truncated"])
-        first.append(True)
-        terminated.append(False)
-        truncated.append(False)
-        for k in range(1, steps + 1):
-            first.append(False)
-            terminated.append(k == steps and end == "terminated")
-            truncated.append(k == steps and end == "truncated")
-    local = np.arange(length)
-    first = np.array(first[:length])
-    return {
-        "frame": frame_of(segment, local),
-        "first": first,
-        "action": np.where(first, 0, rng.integers(0, 6, length)).astype(np.int32),
-        "reward": np.where(first, 0, rng.normal(size=length)).astype(np.float32),
-        "terminated": np.array(terminated[:length]),
-        "truncated": np.array(truncated[:length]),
-    }
-
-
-class Reference:
-    """Stores the full observation and next-observation stack of every transition."""
-
-    def __init__(self, streams: list[dict], max_length: int, history_len: int):
-        self.num_segments, self.history_len = len(streams), history_len
-        self.transitions = {}  # global id -> full transition
-        self.live = {}  # global id -> whether every frame it shows is still stored
-        for s, stream in enumerate(streams):
-            n = len(stream["first"])
-            oldest = max(0, n - max_length)
-            start = 0
-            for t in range(n):
-                if stream["first"][t]:
-                    start = t
-                if t == start or t < oldest:
-                    continue  # an episode's first frame (or the stream's) is no transition
-                shown = [j for j in range(t - history_len, t + 1) if j >= start]
-                gid = t * self.num_segments + s
-                self.live[gid] = min(shown) >= oldest
-                self.transitions[gid] = {
-                    "observation": self._stack(stream, start, t - history_len, t),
-                    "next_observation": self._stack(stream, start, t - history_len + 1, t + 1),
-                    **{k: stream[k][t] for k in EXTRAS},
-                    "_start": start,
-                }
-
-    @staticmethod
-    def _stack(stream: dict, start: int, lo: int, hi: int) -> np.ndarray:
-        frames = [stream["frame"][j] if j >= start else np.zeros(FRAME, np.uint8) for j in range(lo, hi)]
-        return np.stack(frames, axis=-1)
-
-    def valid(self, num_steps: int = 1) -> set:
-        """Global ids of valid window starts: `num_steps` live transitions of one episode."""
-        out = set()
-        for gid in self.transitions:
-            ids = [gid + k * self.num_segments for k in range(num_steps)]
-            if all(self.live.get(i) for i in ids):
-                if len({self.transitions[i]["_start"] for i in ids}) == 1:
-                    out.add(gid)
-        return out
-
-    def check(self, items: dict, ids: np.ndarray) -> None:
-        for key in ("observation", "next_observation") + EXTRAS:
-            got = np.asarray(items[key])
-            want = np.stack([self.transitions[int(i)][key] for i in ids.reshape(-1)]).reshape(got.shape)
-            np.testing.assert_array_equal(got, want, err_msg=key)
 
 
 def make_buffer(twin: str, num_segments: int, max_length: int, history_len: int, seed: int = 0):
@@ -121,10 +31,6 @@ def make_buffer(twin: str, num_segments: int, max_length: int, history_len: int,
         rb._native_stacks = twin == "tf"
         return rb
     return PyFrameReplayBuffer(spec, batch_size=num_segments, max_length=max_length, history_len=history_len, seed=seed)
-
-
-def row(streams: list[dict], i: int) -> dict:
-    return {k: np.stack([s[k][i] for s in streams]) for k in streams[0]}
 
 
 def filled(twin: str, num_segments: int, max_length: int, history_len: int, num_rows: int, seed: int = 0):
@@ -319,6 +225,33 @@ def test_draws_are_uniform_over_valid_windows(twin, num_steps):
         for gid in ids.reshape(1000, -1)[:, 0].tolist():
             counts[gid] += 1  # a KeyError would be an invalid draw
     assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("twin", TWINS)
+def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, seed):
+    """Windows of 5 steps among episodes of 0-8 steps: few candidates are valid,
+    so most samples miss and are redrawn. However they are redrawn (today by a
+    scan of every row; issue 8 fix 11 avoids it), each valid window must keep
+    probability exactly `1 / count`: a chi-square test on 20,000 draws, whose
+    threshold a correct sampler misses with probability 1e-6, for any seed.
+    """
+    rng = np.random.default_rng(21)
+    streams = [make_stream(rng, s, 130, max_episode=8) for s in range(3)]
+    rb = make_buffer(twin, 3, 100, 4, seed=seed)
+    for i in range(130):
+        rb.add_batch(row(streams, i))
+    ref = Reference(streams, 100, 4)
+    valid = sorted(ref.valid(5))
+    assert 20 <= len(valid) <= 0.2 * 3 * 100  # valid windows are rare among the window starts
+    counts = dict.fromkeys(valid, 0)
+    for _ in range(20):
+        items, info = rb.get_next(sample_batch_size=1000, num_steps=5)
+        np.testing.assert_allclose(np.asarray(info.probabilities), 1 / len(valid), rtol=1e-6)
+        for gid in np.asarray(info.ids)[:, 0].tolist():
+            counts[gid] += 1  # a KeyError would be an invalid draw
+    ref.check(items, np.asarray(info.ids))
+    assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-6, counts
 
 
 @pytest.mark.parametrize("twin", TWINS)

@@ -8,8 +8,7 @@ or never reaches some items or window starts fails by many orders of magnitude.
 import numpy as np
 import pytest
 import scipy.stats
-import tensorflow as tf
-from conftest import SPEC, Api, assert_nest_equal, decode, make_items
+from helpers import KINDS, SPEC, Api, assert_nest_equal, decode, make_items
 
 from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
 
@@ -34,7 +33,7 @@ def assert_uniform(drawn: np.ndarray, support: list[int]) -> None:
 @pytest.mark.parametrize("num_steps", [None, 3])
 @pytest.mark.parametrize("num_adds", [5, 13], ids=["before-wrap", "after-wrap"])
 def test_get_next_is_uniform_over_valid_starts(buffer_cls, num_adds, num_steps):
-    api = Api(buffer_cls(SPEC, batch_size=3, max_length=8, seed=2024), False)
+    api = Api(buffer_cls(SPEC, batch_size=3, max_length=8, seed=2024))
     api.add_steps(num_adds)
     items, info = api.get_next(sample_batch_size=DRAWS, num_steps=num_steps)
     ids = info.ids if num_steps is None else info.ids[:, 0]
@@ -55,7 +54,7 @@ def test_capacity_built_py_buffer_is_uniform_after_wrap_around():
 @pytest.mark.parametrize("num_steps", [None, 2])
 def test_dataset_sampling_is_uniform(buffer_cls, num_steps):
     rb = buffer_cls(SPEC, batch_size=2, max_length=6, seed=5)
-    Api(rb, False).add_steps(9)
+    Api(rb).add_steps(9)
     ds = rb.as_dataset(1000, num_steps=num_steps, num_parallel_calls=2)
     ids = np.concatenate([info.ids.numpy().reshape(1000, -1)[:, 0] for _, info in ds.take(20)])
     assert_uniform(ids, valid_starts(2, 6, 9, num_steps))
@@ -68,7 +67,7 @@ def test_dataset_sampling_is_uniform(buffer_cls, num_steps):
 def test_probabilities_are_one_over_batch_size_times_valid_starts(
     buffer_cls, batch_size, max_length, num_adds, num_steps
 ):
-    api = Api(buffer_cls(SPEC, batch_size=batch_size, max_length=max_length, seed=0), False)
+    api = Api(buffer_cls(SPEC, batch_size=batch_size, max_length=max_length, seed=0))
     api.add_steps(num_adds)
     starts = min(num_adds, max_length) - (num_steps or 1) + 1
     expected = np.float32(1.0 / (batch_size * starts))
@@ -80,7 +79,7 @@ def test_probabilities_are_one_over_batch_size_times_valid_starts(
 
 
 def test_overwritten_items_are_never_drawn(buffer_cls):
-    api = Api(buffer_cls(SPEC, batch_size=2, max_length=4, seed=3), False)
+    api = Api(buffer_cls(SPEC, batch_size=2, max_length=4, seed=3))
     for step in range(1, 12):
         api.add_steps(1)
         _, info = api.get_next(sample_batch_size=2000, num_steps=2 if step >= 2 else None)
@@ -90,7 +89,7 @@ def test_overwritten_items_are_never_drawn(buffer_cls):
 
 def test_the_same_seed_gives_the_same_samples(buffer_cls):
     def run(seed):
-        api = Api(buffer_cls(SPEC, batch_size=2, max_length=5, seed=seed), False)
+        api = Api(buffer_cls(SPEC, batch_size=2, max_length=5, seed=seed))
         api.add_steps(7)
         draws = [api.get_next(sample_batch_size=8, num_steps=2) for _ in range(3)]
         return draws + [api.get_next()]
@@ -103,24 +102,42 @@ def test_the_same_seed_gives_the_same_samples(buffer_cls):
 def test_the_same_seed_gives_the_same_dataset(buffer_cls):
     def run():
         rb = buffer_cls(SPEC, batch_size=2, max_length=5, seed=23)
-        Api(rb, False).add_steps(7)
+        Api(rb).add_steps(7)
         return [info.ids.numpy() for _, info in rb.as_dataset(8, num_steps=2).take(4)]
 
     assert_nest_equal(run(), run())
 
 
-@pytest.fixture
-def set_global_seed():
-    yield tf.random.set_seed
-    tf.random.set_seed(None)
-
-
 def test_tf_global_seed_makes_a_seedless_tf_buffer_reproducible(set_global_seed):
     def run(global_seed):
         set_global_seed(global_seed)
-        api = Api(TFUniformReplayBuffer(SPEC, batch_size=2, max_length=5), False)
+        api = Api(TFUniformReplayBuffer(SPEC, batch_size=2, max_length=5))
         api.add_steps(7)
         return [api.get_next(sample_batch_size=32, num_steps=2)[1].ids for _ in range(3)]
 
     assert_nest_equal(run(31), run(31))
     assert not np.array_equal(run(None), run(None))  # and without any seed, runs differ
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(k, marks=[pytest.mark.slow] if k.name == "tf-frame" else [])  # four buffers, each compiling
+        for k in KINDS.values()
+    ],
+    ids=str,
+)
+def test_seedless_buffers_under_a_global_seed_are_reproducible_and_distinct(kind, set_global_seed):
+    """As TF ops do: the global seed fixes the run, and each new buffer gets its own op seed."""
+
+    def draws():
+        set_global_seed(11)
+        apis = [Api(kind.make(1, 16, seed=None), "eager", kind) for _ in range(2)]
+        for api in apis:
+            api.add_steps(16)
+        return [api.get_next(32)[1].ids for api in apis]
+
+    first, second = draws(), draws()
+    np.testing.assert_array_equal(first[0], second[0])
+    np.testing.assert_array_equal(first[1], second[1])
+    assert not np.array_equal(first[0], first[1])
