@@ -8,9 +8,11 @@ from `pos`: the buffers must return exactly its stacks for the ids they draw.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -532,3 +534,21 @@ def test_native_kernel_falls_back_to_xla_when_it_cannot_be_built(monkeypatch, tm
     assert native._load() is None
     assert "building the frame-stacking kernel failed; using XLA instead" in caplog.text
     assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later
+
+
+def test_the_kernel_is_picked_only_for_frames_on_the_cpu():
+    """The kernel is CPU-only: frames on another device are stacked by XLA."""
+    assert frame_index.on_cpu(types.SimpleNamespace(device="/job:localhost/replica:0/task:0/device:CPU:0"))
+    assert frame_index.on_cpu(types.SimpleNamespace(device=""))
+    assert not frame_index.on_cpu(types.SimpleNamespace(device="/job:localhost/replica:0/task:0/device:GPU:0"))
+
+
+def test_sampling_in_a_function_keeps_static_shapes_and_autograph_quiet(caplog):
+    """The kernel's outputs carry their static shapes, and tracing does not make AutoGraph convert the loader."""
+    rb, _ = filled("tf", 2, 12, 3, 12)
+    with caplog.at_level(logging.WARNING):
+        by_step = tf.function(lambda: rb.get_next(4, num_steps=2, time_stacked=False))()
+    assert not [r for r in caplog.records if "AutoGraph could not transform" in r.getMessage()]
+    assert len(by_step[0]) == 2 and by_step[0][0]["observation"].shape == (4, *FRAME, 3)
+    spec = rb.as_dataset(4).element_spec[0]["observation"]
+    assert spec.shape == (4, *FRAME, 3)

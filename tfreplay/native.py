@@ -32,6 +32,7 @@ _loaded: dict[str, Any] = {}
 _log = logging.getLogger(__name__)
 
 
+@tf.autograph.experimental.do_not_convert  # called while tracing: AutoGraph must not try to convert the loader
 def frame_stack() -> Any:
     """The op `frame_stack(frames_handle, rows, T, history_len, time_axis)`, or None."""
     with _lock:
