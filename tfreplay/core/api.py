@@ -138,10 +138,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         if single_deterministic_pass:
             ds = self._single_pass_dataset(sample_batch_size, num_steps, num_parallel_calls)
         else:
-            ds = _counter_dataset().map(
-                lambda _: self._sample_tensors(sample_batch_size, num_steps),
-                num_parallel_calls=num_parallel_calls,
-            )
+            ds = self._sample_dataset(sample_batch_size, num_steps, num_parallel_calls)
         if sequence_preprocess_fn is not None:
             fn = sequence_preprocess_fn
             ds = ds.map(lambda items, info: (fn(items), info), num_parallel_calls=num_parallel_calls)
@@ -150,6 +147,14 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
             options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
             ds = ds.with_options(options)
         return ds
+
+    def _sample_dataset(
+        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+    ) -> tf.data.Dataset:
+        """An endless dataset of fresh samples, one drawn per element."""
+        return _counter_dataset().map(
+            lambda _: self._sample_tensors(sample_batch_size, num_steps), num_parallel_calls=num_parallel_calls
+        )
 
     def gather_all(self) -> Nest:
         """Every stored item, shaped `[batch_size, time, ...]`, oldest first."""

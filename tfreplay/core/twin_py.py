@@ -49,6 +49,13 @@ def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) ->
     return batch_size, 1000 if max_length is None else max_length
 
 
+_DATASET_BLOCK = 8
+
+
+def _counter() -> tf.data.Dataset:
+    return tf.data.Dataset.counter() if hasattr(tf.data.Dataset, "counter") else tf.data.experimental.Counter()
+
+
 class PyBuffer(ComposedBuffer):
     """A composed buffer in NumPy arrays; public classes choose its storage and sampler.
 
@@ -165,6 +172,26 @@ class PyBuffer(ComposedBuffer):
         )
         items, ids, probs = self._numpy_call(sample, [], out_specs)
         return items, BufferInfo(ids=ids, probabilities=probs)
+
+    def _sample_dataset(
+        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+    ) -> tf.data.Dataset:
+        """Samples for `_DATASET_BLOCK` elements per NumPy call, split into elements.
+
+        A `tf.numpy_function` call costs more than drawing a batch: one call
+        per block keeps the NumPy twin's dataset near the TF twin's. Every
+        element is still an independent uniform sample; it is drawn at most
+        `_DATASET_BLOCK - 1` elements before it is read.
+        """
+        block, size = _DATASET_BLOCK, sample_batch_size or 1
+
+        def draw(_: Any) -> tuple:
+            items, info = self._sample_tensors(block * size, num_steps)
+            split = lambda x: tf.reshape(x, [block] + ([size] if sample_batch_size else []) + x.shape[1:])  # noqa: E731
+            return tf.nest.map_structure(split, (items, tuple(info)))
+
+        ds = _counter().map(draw, num_parallel_calls=num_parallel_calls).unbatch()
+        return ds.map(lambda items, info: (items, BufferInfo(*info)))
 
     def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""
