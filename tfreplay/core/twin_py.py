@@ -188,10 +188,9 @@ class PyBuffer(ComposedBuffer):
         def draw(_: Any) -> tuple:
             items, info = self._sample_tensors(block * size, num_steps)
             split = lambda x: tf.reshape(x, [block] + ([size] if sample_batch_size else []) + x.shape[1:])  # noqa: E731
-            return tf.nest.map_structure(split, (items, tuple(info)))
+            return tf.nest.map_structure(split, (items, info))
 
-        ds = _counter().map(draw, num_parallel_calls=num_parallel_calls).unbatch()
-        return ds.map(lambda items, info: (items, BufferInfo(*info)))
+        return _counter().map(draw, num_parallel_calls=num_parallel_calls).unbatch()
 
     def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""
