@@ -8,7 +8,8 @@
 | `PyFrameReplayBuffer` | NumPy arrays | frames (each once) | uniform over valid transitions |
 
 A new kind of buffer is a new sampler (`core/samplers/`) or storage
-(`core/storage.py`) passed here.
+(`core/storage.py`) passed here, e.g.
+`TFBuffer(spec, 4, 1000, rows_storage, MySampler(), "auto", scope="rb", device="cpu:*", seed=0)`.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from tfreplay.core.twin_py import PyBuffer, numpy_layout
 from tfreplay.core.twin_tf import TFBuffer
 
 
-def _rows(buffer: Any, make: Any) -> RowStorage:
+def rows_storage(buffer: Any, make: Any) -> RowStorage:
+    """The storage of spec rows, for a twin's `storage` argument."""
     return RowStorage(buffer._data_spec, buffer._leaf_paths, buffer._capacity, make)
 
 
-def _frames(buffer: Any, make: Any, history_len: int) -> FrameStorage:
+def frame_storage(buffer: Any, make: Any, history_len: int) -> FrameStorage:
+    """The frame storage (each frame once), for a twin's `storage` argument (with `functools.partial`)."""
     where = type(buffer).__name__
     specs.check_positive_int(where, "history_len", history_len)
     if buffer._max_length <= history_len:
@@ -85,7 +88,7 @@ class TFUniformReplayBuffer(TFBuffer):
             data_spec,
             batch_size,
             max_length,
-            _rows,
+            rows_storage,
             UniformSampler(within_episodes),
             episode_rule,
             scope=scope,
@@ -128,7 +131,7 @@ class PyUniformReplayBuffer(PyBuffer):
             data_spec,
             segments,
             length,
-            _rows,
+            rows_storage,
             UniformSampler(within_episodes),
             episode_rule,
             lockstep=batch_size is not None,
@@ -211,7 +214,7 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
             data_spec,
             batch_size,
             max_length,
-            functools.partial(_frames, history_len=history_len),
+            functools.partial(frame_storage, history_len=history_len),
             UniformSampler(),
             EpisodeRule(start="first"),
             scope=scope,
@@ -252,7 +255,7 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
             data_spec,
             segments,
             length,
-            functools.partial(_frames, history_len=history_len),
+            functools.partial(frame_storage, history_len=history_len),
             UniformSampler(),
             EpisodeRule(start="first"),
             lockstep=batch_size is not None,
