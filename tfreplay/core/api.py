@@ -29,7 +29,7 @@ class BufferInfo(NamedTuple):
     probabilities: Any
 
 
-def _counter_dataset() -> tf.data.Dataset:
+def counter_dataset() -> tf.data.Dataset:
     if hasattr(tf.data.Dataset, "counter"):
         return tf.data.Dataset.counter()
     return tf.data.experimental.Counter()  # pragma: no cover (TF < 2.13)
@@ -152,7 +152,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
     ) -> tf.data.Dataset:
         """An endless dataset of fresh samples, one drawn per element."""
-        return _counter_dataset().map(
+        return counter_dataset().map(
             lambda _: self._sample_tensors(sample_batch_size, num_steps), num_parallel_calls=num_parallel_calls
         )
 

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.core import checkpoint, specs, stacks
-from tfreplay.core.api import BufferInfo
+from tfreplay.core.api import BufferInfo, counter_dataset
 from tfreplay.core.buffer import ComposedBuffer
 from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.specs import Nest
@@ -50,10 +50,6 @@ def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) ->
 
 
 _DATASET_BLOCK = 8
-
-
-def _counter() -> tf.data.Dataset:
-    return tf.data.Dataset.counter() if hasattr(tf.data.Dataset, "counter") else tf.data.experimental.Counter()
 
 
 class PyBuffer(ComposedBuffer):
@@ -190,7 +186,7 @@ class PyBuffer(ComposedBuffer):
             split = lambda x: tf.reshape(x, [block] + ([size] if sample_batch_size else []) + x.shape[1:])  # noqa: E731
             return tf.nest.map_structure(split, (items, info))
 
-        return _counter().map(draw, num_parallel_calls=num_parallel_calls).unbatch()
+        return counter_dataset().map(draw, num_parallel_calls=num_parallel_calls).unbatch()
 
     def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""
