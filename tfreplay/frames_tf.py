@@ -179,6 +179,9 @@ class TFFrameReplayBuffer(FrameReplayBuffer):
                 lambda: self._stacked(self._draw_rows(size, num_steps), xla_stacks),
                 jit_compile=True,
             )
+            if tf.executing_eagerly():  # lock, call and release in one function execution (see locked_call)
+                locked = self._eager.get(f"locked/{size}/{num_steps}", lambda: locked_call(self._lock, call))
+                return tuple(locked())
             return tuple(locked_call(self._lock, call))
         return tuple(
             self._eager.get(f"native/{size}/{num_steps}", lambda: self._native_sample(stack, size, num_steps))()
