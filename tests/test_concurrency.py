@@ -6,14 +6,18 @@ large enough never to overwrite, so a row never changes once written: each
 sample must show exactly what the final buffer holds at the sampled id.
 """
 
+import itertools
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import SPEC, decode, make_items, run_threads
 
 from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
+from tfreplay.core.twin_tf import locked_call, tf_exclusive
 
 WRITERS, ADDS_PER_WRITER, ROWS = 3, 150, 4
 PREFILL = 4_000_000 + np.arange(2 * ROWS)  # payloads added before the threads start (two per segment)
@@ -108,3 +112,68 @@ def test_concurrent_writers_with_wrap_around_never_tear_items(kind):
     run_threads([writers, read, read])
     seen = np.concatenate(seen + [decode(rb.gather_all()).ravel()])
     assert set(seen.tolist()) <= set(range(WRITERS * ADDS_PER_WRITER * ROWS)) | set(PREFILL[:ROWS].tolist())
+
+
+# The TF buffers' lock: released on every path, never left to the garbage collector.
+
+_lock_names = itertools.count()
+
+
+def fresh_lock() -> tf.CriticalSection:
+    """A critical section of its own: eagerly, unnamed ones all share one mutex (TF's default shared_name)."""
+    return tf.CriticalSection(shared_name=f"test_concurrency_{next(_lock_names)}")
+
+
+def lock_is_free(lock: tf.CriticalSection, timeout: float = 10.0) -> bool:
+    """Whether a graph function on another thread gets through `lock` within `timeout` seconds."""
+    enter = tf.function(lambda: lock.execute(lambda: tf.constant(0)))
+    entered = threading.Event()
+    threading.Thread(target=lambda: (enter(), entered.set()), daemon=True).start()
+    return entered.wait(timeout)
+
+
+def test_an_interrupted_eager_critical_section_frees_the_lock_at_once():
+    lock = fresh_lock()
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as kept:  # keeps the traceback, so every frame of the call, alive
+        tf_exclusive(lock, interrupted)
+    assert lock_is_free(lock), "the mutex stays held while the interrupted section's traceback lives"
+    assert kept.value is not None
+
+
+def test_a_locked_call_failing_inside_a_function_frees_the_lock():
+    lock = fresh_lock()
+    fail = tf.function(lambda: locked_call(lock, lambda: tf.debugging.check_numerics(tf.constant(np.nan), "nan")))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="nan"):
+        fail()
+    assert lock_is_free(lock)
+
+
+def test_locked_call_refuses_to_run_eagerly():
+    # Eagerly a Python object would hold the mutex; callers trace it into a concrete function instead.
+    with pytest.raises(RuntimeError, match="locked_call: called eagerly; trace it into a concrete function"):
+        locked_call(fresh_lock(), lambda: tf.constant(0))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="TensorFlow's MutexLock: a waiter cancelled while another holds the mutex marks it free "
+    "(mutex_ops.cc sets locked_ = !cancelled), so dropping a dataset iterator whose map calls wait "
+    "for a TF buffer's lock lets a second caller in beside the holder",
+)
+def test_dropping_an_iterator_whose_calls_wait_for_a_lock_keeps_it_held():
+    lock = fresh_lock()
+    v = tf.Variable(0)
+    waiting = tf.data.Dataset.range(10**9).map(lambda _: lock.execute(v.read_value), num_parallel_calls=4)
+    iterator = iter(waiting.prefetch(100_000))  # a buffer it never fills: map calls are always running
+    next(iterator)
+    held = tf.raw_ops.MutexLock(mutex=lock._handle)  # from now on the running map calls wait
+    time.sleep(0.2)
+    del iterator  # cancels them
+    try:
+        assert not lock_is_free(lock, timeout=3.0), "a second caller entered while the lock was held"
+    finally:
+        del held  # lets the second caller finish

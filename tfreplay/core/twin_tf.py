@@ -11,6 +11,7 @@ XLA; frames are stacked by the native kernel on CPU (`tfreplay.native`).
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -55,18 +56,47 @@ def under_xla() -> bool:
 
 
 def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
-    """Runs `fn` in `lock`, except under XLA, which has no mutex op."""
-    return fn() if under_xla() else lock.execute(fn)
+    """Runs `fn` in `lock`, except under XLA, which has no mutex op.
+
+    In a graph the section is `lock.execute`: its lock tensor lives and dies in
+    one function execution. Eagerly (`clear`, `gather_all`, `num_transitions`;
+    `fn` is a new closure each time, so tracing it would cost a trace per call)
+    the lock tensor's only reference is a local dropped in `finally`: the mutex
+    is free again as soon as `fn` returns, raises or is interrupted, never left
+    to the garbage collector (`CriticalSection.execute` keeps it in its frame,
+    which a kept traceback keeps alive).
+    """
+    if under_xla():
+        return fn()
+    if not tf.executing_eagerly():
+        return lock.execute(fn)
+    held = None
+    try:
+        held = tf.raw_ops.MutexLock(mutex=lock._handle)
+        return fn()
+    finally:
+        del held  # its only reference: the mutex is released here
 
 
 def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
-    """`call()`, one compiled function call, holding `lock`'s mutex (in a graph).
+    """`call()`, one compiled function call, holding `lock`'s mutex: graph only.
 
     `CriticalSection.execute` adds identity ops around every output: a dozen
     ops per sample. Around one call the mutex ops alone keep the order: the
     call waits for the lock, the release waits for the call's outputs. It is
-    the section's own mutex, so this excludes `execute` callers as well.
+    the section's own mutex, so this excludes `execute` callers as well. The
+    lock tensor lives and dies inside one function execution, which frees it
+    when the call fails too; eager callers reach it through a concrete
+    function (`EagerFunctions.get`), so no Python object ever holds the mutex.
+
+    Raises:
+      RuntimeError: called eagerly.
     """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "locked_call: called eagerly; trace it into a concrete function (EagerFunctions.get) and call that, "
+            "so the mutex lives and dies inside one function execution."
+        )
     if under_xla():
         return call()
     held = tf.raw_ops.MutexLock(mutex=lock._handle)
@@ -137,7 +167,8 @@ class TFBuffer(ComposedBuffer):
                 if self._seed is None
                 else tf.random.Generator.from_seed(self._seed)
             )
-        self._lock = tf.CriticalSection(name="lock")
+        # Its own mutex: eagerly created sections otherwise share one, and every buffer would wait for all others.
+        self._lock = tf.CriticalSection(name="lock", shared_name=f"tfreplay_lock_{uuid.uuid4().hex}")
         self._eager = EagerFunctions()
         self._native_stacks = True  # off: frames are stacked by XLA (tests compare both)
 
