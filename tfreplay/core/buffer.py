@@ -187,41 +187,57 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             lambda: self._ops.sum(self._ops.minimum(self._ops.read(self._num_adds), self._max_length))
         )
 
-    def _write_locked(self, leaves: list, segments: Any) -> Any:
-        """Appends `T` items to each of `segments`: leaves are `[T, len(segments), ...]`, oldest first.
+    def _write_locked(self, leaves: list, num_new: int, segments: Any = None) -> Any:
+        """Appends `num_new` items to each segment (or each of `segments`), oldest first.
 
-        Only the newest `max_length` of a segment's items survive. Reads
-        (counters, the `pos` of the rows before and of the rows overwritten)
-        come first, then every write, then the counters move.
+        Leaves are time-major, `[num_new * number of segments, ...]`: one
+        lockstep add is `[batch_size, ...]` as given. Only the newest
+        `max_length` of a segment's items survive. Reads (counters, the `pos`
+        of the rows before and of the rows overwritten) come first, then every
+        write, then the counters move.
         """
         ops, length, num_segments = self._ops, self._max_length, self._num_segments
-        num_new = leaves[0].shape[0]
         skip = max(num_new - length, 0)
-        n = ops.gather(ops.read(self._num_adds), segments)
-        local = n[None, :] + skip + ops.arange(num_new - skip)[:, None]
-        rows, ids = ring.local_to_rows(local, segments[None, :], length, num_segments)
-        flat_rows = ops.reshape(rows, [-1])
-        reads: list = [flat_rows]
+        adds = ops.read(self._num_adds)
+        n = adds if segments is None else ops.gather(adds, segments)
+        seg = ops.arange(num_segments) if segments is None else segments
+        if num_new == 1:  # the usual add: one item per segment, no time axis to build
+            local = n
+            rows, ids = ring.local_to_rows(n, seg, length, num_segments)
+        else:
+            local = n[None, :] + skip + ops.arange(num_new - skip)[:, None]
+            rows, ids = ring.local_to_rows(local, seg[None, :], length, num_segments)
+            rows = ops.reshape(rows, [-1])
+        reads: list = [rows]
         if self._rule is not None:
-            reads += self._index_updates(leaves, segments, n, local, rows, skip)
-        kept = [ops.reshape(x[skip:], [-1] + list(x.shape[2:])) for x in leaves]
+            reads += self._index_updates(leaves, num_new, seg, n, local, rows, skip)
+        kept = leaves if not skip else [x[skip * len(seg) :] for x in leaves]
 
         def writes() -> list:
-            updates = self._storage.write(flat_rows, kept, ops)
+            updates = self._storage.write(rows, kept, ops)
             if self._rule is not None:
                 pos, bins, weights = reads[1:]
-                updates.append(ops.scatter(self._pos, flat_rows, ops.to_int32(ops.reshape(pos, [-1]))))
+                updates.append(ops.scatter(self._pos, rows, ops.to_int32(ops.reshape(pos, [-1]))))
                 updates.append(ops.bin_add(self._pos_counts, bins[0], bins[1], weights))
-            return updates + self._sampler.on_write(None, flat_rows, ids)
+            return updates + self._sampler.on_write(None, rows, ids)
 
         updates = ops.after(reads, writes)
-        moved = ops.after(updates, lambda: ops.scatter(self._num_adds, segments, n + num_new))
+        if segments is None:
+            moved = ops.after(updates, lambda: ops.assign(self._num_adds, adds + num_new))
+        else:
+            moved = ops.after(updates, lambda: ops.scatter(self._num_adds, segments, n + num_new))
         return ops.after([moved], lambda: ops.read(self._num_adds))
 
-    def _index_updates(self, leaves: list, segments: Any, n: Any, local: Any, rows: Any, skip: int) -> list:
+    def _index_updates(
+        self, leaves: list, num_new: int, segments: Any, n: Any, local: Any, rows: Any, skip: int
+    ) -> list:
         """`[pos of the new rows, (segment, bin) pairs, +1/-1 weights]` for the episode index."""
         ops, length, num_segments = self._ops, self._max_length, self._num_segments
-        starts, ends = self._rule.flags(dict(zip(self._leaf_paths, leaves)), ops)
+        wanted = ([self._rule.start] if self._rule.start else []) + list(self._rule.ends)
+        time_major = {p: ops.reshape(x, [num_new, -1]) for p, x in zip(self._leaf_paths, leaves) if p in wanted}
+        starts, ends = self._rule.flags(time_major, ops)
+        if num_new == 1:
+            local, rows = local[None, :], rows[None, :]
         prev_rows = ring.local_to_rows(ops.maximum(n - 1, 0), segments, length, num_segments)[0]
         has_prev = n > 0
         if ends is not None:  # an item after an episode's last starts the next

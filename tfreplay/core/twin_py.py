@@ -127,13 +127,10 @@ class PyBuffer(ComposedBuffer):
     def _add_batch(self, items: Nest) -> None:
         rows = self._num_segments if self._lockstep else None
         arrays = specs.validate_numpy_batch("add_batch", self._data_spec, self._leaf_paths, items, rows)
-        if self._lockstep:
-            leaves, segments = [a[None] for a in arrays], np.arange(self._num_segments, dtype=np.int64)
-        else:
-            leaves, segments = [a[:, None] for a in arrays], np.zeros([1], np.int64)
-        if leaves[0].shape[0]:
+        num_new = 1 if self._lockstep else arrays[0].shape[0]  # one ring: rows in order
+        if num_new:
             with self._lock:
-                self._write_locked(leaves, segments)
+                self._write_locked(arrays, num_new)
 
     def _append_sequence(self, where: str, items: Nest, segment: Any) -> None:
         """Appends items (a leading time axis, oldest first) to one segment (frame buffers)."""
@@ -143,7 +140,7 @@ class PyBuffer(ComposedBuffer):
         arrays = specs.validate_numpy_batch(where, self._data_spec, self._leaf_paths, items, None)
         if arrays[0].shape[0]:
             with self._lock:
-                self._write_locked([a[:, None] for a in arrays], np.full([1], segment, np.int64))
+                self._write_locked(arrays, arrays[0].shape[0], np.full([1], segment, np.int64))
 
     def _get_next(
         self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool

@@ -216,9 +216,8 @@ class TFBuffer(ComposedBuffer):
             return self._write(leaves)
 
     def _write(self, leaves: list) -> tf.Tensor:
-        segments = tf.range(self._num_segments, dtype=tf.int64)
         with tf.device(self._device), tf.name_scope(self._scope):
-            return self._exclusive(lambda: self._write_locked([x[None] for x in leaves], segments))
+            return self._exclusive(lambda: self._write_locked(leaves, 1))
 
     def _get_next(
         self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
