@@ -225,23 +225,26 @@ class TFBuffer(ComposedBuffer):
         if not tf.executing_eagerly():
             items, info = self._sample_tensors(sample_batch_size, num_steps)
         else:
+            # Eagerly the emptiness check is a Python test of the count: a graph assertion costs more than it.
             key = f"sample/{sample_batch_size}/{num_steps}"
-            fn = self._eager.get(key, lambda: self._sample_tensors(sample_batch_size, num_steps))
-            try:
-                items, info = fn()
-            except tf.errors.InvalidArgumentError as err:  # the graph's emptiness check
-                message = self.empty_message("get_next", num_steps)
-                if message in err.message.replace("\\'", "'"):  # TF escapes quotes in assertion messages
-                    raise ValueError(message) from None
-                raise
+            fn = self._eager.get(key, lambda: self._unchecked_sample(sample_batch_size, num_steps))
+            items, info, count = fn()
+            if count.numpy() <= 0:
+                raise ValueError(self.empty_message("get_next", num_steps))
         return self._split_steps(items, info, sample_batch_size is not None, num_steps, time_stacked)
 
     def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+        items, info, count = self._unchecked_sample(sample_batch_size, num_steps)
+        with tf.name_scope(self._scope):
+            return self._guard(count, (items, info), "get_next", num_steps)
+
+    def _unchecked_sample(self, sample_batch_size: int | None, num_steps: int | None) -> tuple:
+        """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
         size = 1 if sample_batch_size is None else sample_batch_size
         with tf.device(self._device), tf.name_scope(self._scope):
             items, ids, probs, count = self._locked_sample(size, num_steps)
-            items, ids, probs = self._guard(count, (items, ids, probs), "get_next", num_steps)
-        return self._package(items, ids, probs, sample_batch_size is not None, num_steps, True)
+        items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True)
+        return items, info, count
 
     def _locked_sample(self, size: int, num_steps: int | None) -> tuple:
         """Ring windows: one graph under the lock. Through the episode index: an XLA-compiled draw, then the read."""
