@@ -194,7 +194,7 @@ class TFBuffer(ComposedBuffer):
     def _check(self, ok: Any, value: Any, message: str) -> Any:
         if under_xla():  # no assertions in XLA: a refused sample carries zeros (ids) and probability 0
             return tf.nest.map_structure(lambda x: tf.where(ok, x, tf.zeros_like(x)), value)
-        check = tf.debugging.assert_equal(ok, True, message=message)
+        check = tf.debugging.Assert(ok, [message])  # string data only: one Assert op, no cond around it
         # tf.function runs every assertion anyway; one output carries it for v1 graphs (an identity per output
         # costs more than the check).
         leaves = tf.nest.flatten(value)
