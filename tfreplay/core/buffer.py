@@ -55,10 +55,10 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         sampler: Any,
         episode_rule: EpisodeRule | str | None,
         *,
-        window_shift: int | None,
-        drop_remainder: bool,
-        stateful_dataset: bool,
         name: str,
+        window_shift: int | None = None,
+        drop_remainder: bool = False,
+        stateful_dataset: bool = False,
     ):
         where = type(self).__name__
         specs.check_positive_int(where, "batch_size", num_segments)

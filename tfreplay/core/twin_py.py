@@ -57,7 +57,8 @@ class PyBuffer(ComposedBuffer):
 
     Built as one ring (`lockstep=False`: `add_batch` appends any number of
     items, in order) or with segments (`lockstep=True`: one item per segment
-    per `add_batch`).
+    per `add_batch`). `options`: `window_shift`, `drop_remainder`,
+    `stateful_dataset`, as `ComposedBuffer` takes them.
     """
 
     _ops = NUMPY_OPS
@@ -74,25 +75,12 @@ class PyBuffer(ComposedBuffer):
         lockstep: bool,
         seed: Any,
         name: str,
-        window_shift: int | None = None,
-        drop_remainder: bool = False,
-        stateful_dataset: bool = False,
+        **options: Any,
     ):
         seed = resolve_seed(seed)
         object.__setattr__(self, "_rng", np.random.default_rng(seed))
         object.__setattr__(self, "_arrays", {})
-        super().__init__(
-            data_spec,
-            batch_size,
-            max_length,
-            storage,
-            sampler,
-            episode_rule,
-            window_shift=window_shift,
-            drop_remainder=drop_remainder,
-            stateful_dataset=stateful_dataset,
-            name=name,
-        )
+        super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
         self._lockstep = bool(lockstep)
         self._numpy_state = checkpoint.NumpyState(
             self._lock, lambda: dict(self._arrays), self._rng, layout=self.checkpoint_layout()

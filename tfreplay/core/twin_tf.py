@@ -116,7 +116,11 @@ def resolve_seed(seed: Any) -> Any:
 
 
 class TFBuffer(ComposedBuffer):
-    """A composed buffer in `tf.Variable`s; public classes choose its storage and sampler."""
+    """A composed buffer in `tf.Variable`s; public classes choose its storage and sampler.
+
+    `options`: `window_shift`, `drop_remainder`, `stateful_dataset`, as
+    `ComposedBuffer` takes them.
+    """
 
     _ops = TF_OPS
 
@@ -132,23 +136,11 @@ class TFBuffer(ComposedBuffer):
         scope: str,
         device: str,
         seed: Any,
-        window_shift: int | None = None,
-        drop_remainder: bool = False,
-        stateful_dataset: bool = False,
+        **options: Any,
     ):
         self._device, self._scope, self._seed = device, scope, resolve_seed(seed)
-        super().__init__(
-            data_spec,
-            batch_size,
-            max_length,
-            storage,
-            sampler,
-            episode_rule,
-            window_shift=window_shift,
-            drop_remainder=drop_remainder,
-            stateful_dataset=stateful_dataset,
-            name=re.sub(r"\W", "_", scope) or "buffer",
-        )
+        name = re.sub(r"\W", "_", scope) or "buffer"  # a tf.Module name; the scope may be any string
+        super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
         self._layout_record = checkpoint.LayoutState(self.checkpoint_layout())
 
     @property
