@@ -26,16 +26,16 @@ class RecentSampler:
     def __init__(self, recent: int):
         self.recent = recent
 
-    def bind(self, make):
+    def bind(self, make, num_rows):
         return self
 
-    def on_write(self, view, rows, ids):
+    def on_write(self, ops, rows):
         return []
 
-    def update(self, ids, priorities):
-        return []
+    def update(self, view, ids, priorities):
+        return [], 0
 
-    def clear(self, view):
+    def clear(self, ops):
         return []
 
     def sample(self, view: View, size: int, num_steps):

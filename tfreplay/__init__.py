@@ -3,9 +3,18 @@
 The public API; everything else is an implementation detail.
 """
 
-from tfreplay.buffers import PyFrameReplayBuffer, PyUniformReplayBuffer, TFFrameReplayBuffer, TFUniformReplayBuffer
+from tfreplay.buffers import (
+    PyFrameReplayBuffer,
+    PyPrioritizedReplayBuffer,
+    PyUniformReplayBuffer,
+    TFFrameReplayBuffer,
+    TFPrioritizedReplayBuffer,
+    TFUniformReplayBuffer,
+    importance_weights,
+)
 from tfreplay.core.api import BufferInfo, ReplayBuffer
 from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.samplers.prioritized import PrioritizedSampler
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.storage import frame_data_spec
 from tfreplay.experience_replay import ExperienceReplay
@@ -18,11 +27,15 @@ __all__ = [
     "EpisodeRule",
     "ExpReplay",
     "ExperienceReplay",
+    "PrioritizedSampler",
     "PyFrameReplayBuffer",
+    "PyPrioritizedReplayBuffer",
     "PyUniformReplayBuffer",
     "ReplayBuffer",
     "TFFrameReplayBuffer",
+    "TFPrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
     "UniformSampler",
     "frame_data_spec",
+    "importance_weights",
 ]

@@ -6,6 +6,8 @@
 | `PyUniformReplayBuffer` | NumPy arrays | rows | uniform |
 | `TFFrameReplayBuffer` | `tf.Variable`s | frames (each once) | uniform over valid transitions |
 | `PyFrameReplayBuffer` | NumPy arrays | frames (each once) | uniform over valid transitions |
+| `TFPrioritizedReplayBuffer` | `tf.Variable`s | rows | proportional prioritized (sum tree) |
+| `PyPrioritizedReplayBuffer` | NumPy arrays | rows | proportional prioritized (sum tree) |
 
 A new kind of buffer is a new sampler (`core/samplers/`) or storage
 (`core/storage.py`) passed here, e.g.
@@ -17,8 +19,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import tensorflow as tf
+
 from tfreplay.core import specs
 from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.samplers.prioritized import PrioritizedSampler
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
 from tfreplay.core.storage import FrameStorage, RowStorage
@@ -274,3 +279,104 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
           TypeError: a batch of the wrong structure or dtype.
         """
         self._append_sequence("add_sequence", items, segment)
+
+
+class _Prioritized:
+    """`update_priorities` and the importance weights of prioritized buffers."""
+
+    _update_priorities: Any
+
+    def update_priorities(self, ids: Any, priorities: Any) -> Any:
+        """Gives sampled items (their `BufferInfo.ids`) new priorities, eagerly or in a graph.
+
+        Items overwritten since they were sampled are left alone; returns how
+        many ids were such stale ones. New items enter at the largest priority
+        given so far; priority 0 means never drawn until raised.
+
+        Raises:
+          ValueError: priorities of another shape than `ids`, or negative, NaN
+            or infinite ones (in a graph: `InvalidArgumentError`); nothing changes.
+        """
+        return self._update_priorities(ids, priorities)
+
+
+def importance_weights(probabilities: Any, num_items: Any, beta: float) -> Any:
+    """Importance-sampling weights `(N * P(i)) ** -beta`, divided by their maximum (Schaul et al. 2016).
+
+    Args:
+      probabilities: `BufferInfo.probabilities` of a sample.
+      num_items: the number of items it was drawn from (`num_frames()`).
+      beta: 0 (no correction) to 1 (full correction).
+    """
+    weights = (tf.cast(num_items, tf.float32) * tf.cast(probabilities, tf.float32)) ** -float(beta)
+    return weights / tf.reduce_max(weights)
+
+
+class TFPrioritizedReplayBuffer(_Prioritized, TFBuffer):
+    """Proportional prioritized replay in `tf.Variable`s: the API of `TFUniformReplayBuffer` plus priorities.
+
+    A window is drawn with probability `priority ** alpha / sum` of its first
+    item (`BufferInfo.probabilities` holds it exactly), from a sum tree kept in
+    a variable, so the sample and the update are one vectorised pass each.
+
+    Args:
+      data_spec, batch_size, max_length, scope, device, seed: as `TFUniformReplayBuffer`.
+      alpha: how much priorities count (0: uniform over stored items).
+    """
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        batch_size: int,
+        max_length: int = 1000,
+        alpha: float = 0.6,
+        scope: str = "TFPrioritizedReplayBuffer",
+        device: str = "cpu:*",
+        seed: int | list[int] | None = None,
+        stateful_dataset: bool = False,
+    ):
+        sampler = PrioritizedSampler(alpha)
+        super().__init__(
+            data_spec,
+            batch_size,
+            max_length,
+            rows_storage,
+            sampler,
+            "auto",
+            scope=scope,
+            device=device,
+            seed=seed,
+            stateful_dataset=stateful_dataset,
+        )
+
+
+class PyPrioritizedReplayBuffer(_Prioritized, PyBuffer):
+    """The NumPy twin of `TFPrioritizedReplayBuffer`.
+
+    Built as `(data_spec, capacity)` (one ring) or `(data_spec, batch_size=B, max_length=L)`, like
+    `PyUniformReplayBuffer`.
+    """
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        capacity: int | None = None,
+        *,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        alpha: float = 0.6,
+        seed: int | None = None,
+        name: str = "PyPrioritizedReplayBuffer",
+    ):
+        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
+        super().__init__(
+            data_spec,
+            segments,
+            length,
+            rows_storage,
+            PrioritizedSampler(alpha),
+            "auto",
+            lockstep=batch_size is not None,
+            seed=seed,
+            name=name,
+        )

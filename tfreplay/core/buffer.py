@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
 from tfreplay.core import checkpoint, episodes, ring, specs
@@ -24,6 +25,24 @@ from tfreplay.core.episodes import EpisodeRule
 from tfreplay.core.samplers import View
 from tfreplay.core.single_pass import SinglePass
 from tfreplay.core.specs import Nest
+
+PRIORITIES_RULE = "update_priorities: every priority must be finite and non-negative; nothing was updated."
+
+
+def check_priorities(ids_shape: Any, priorities_shape: Any, values: Any) -> None:
+    """Refuses priorities of another shape than their ids, or (when known) negative, NaN or infinite ones."""
+    if tuple(ids_shape) != tuple(priorities_shape):
+        raise ValueError(
+            f"update_priorities: priorities (shape {tuple(priorities_shape)}) must have the shape of ids "
+            f"({tuple(ids_shape)}), one priority per id."
+        )
+    if values is not None:
+        bad = ~(np.isfinite(values) & (values >= 0))
+        if bad.any():
+            raise ValueError(
+                f"update_priorities: priorities ({values[bad][:3].tolist()} among them) must be finite and "
+                "non-negative; nothing was updated."
+            )
 
 
 def variable_name(path: str) -> str:
@@ -88,7 +107,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if episode_rule is not None:
             self._pos = self._make("index/pos", [self._capacity], tf.int32)
             self._pos_counts = self._make("index/pos_counts", [num_segments, episodes.POS_BINS], tf.int64)
-        self._sampler = sampler.bind(self._make)
+        self._sampler = sampler.bind(self._make, self._capacity)
 
     @property
     def batch_size(self) -> int:
@@ -124,6 +143,10 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
 
     def _draw(self, shape: list, total: Any) -> Any:
         """Uniform int64 draws in `[0, total)` (any defined value when `total` is 0)."""
+        raise NotImplementedError
+
+    def _uniform(self, shape: list) -> Any:
+        """Uniform float64 draws in `[0, 1)`."""
         raise NotImplementedError
 
     def _check(self, ok: Any, value: Any, message: str) -> Any:
@@ -177,6 +200,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             max_length=self._max_length,
             num_segments=self._num_segments,
             draw=self._draw,
+            uniform=self._uniform,
             window=self._window,
             pos_at=self._pos_at if has_index else None,
             pos_counts=self._ops.read(self._pos_counts) if has_index else None,
@@ -219,7 +243,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 pos, bins, weights = reads[1:]
                 updates.append(ops.scatter(self._pos, rows, ops.to_int32(ops.reshape(pos, [-1]))))
                 updates.append(ops.bin_add(self._pos_counts, bins[0], bins[1], weights))
-            return updates + self._sampler.on_write(None, rows, ids)
+            return updates + self._sampler.on_write(ops, rows)
 
         updates = ops.after(reads, writes)
         if segments is None:
@@ -312,12 +336,17 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         flat = ops.flatnonzero(ops.reshape(mask, [-1]))
         return flat // self._max_length, ops.gather(ops.reshape(t, [-1]), flat)
 
+    def _update_locked(self, ids: Any, priorities: Any) -> Any:
+        """Under the lock: gives items new priorities; returns how many ids were stale."""
+        updates, stale = self._sampler.update(self._view(), ids, priorities)
+        return self._ops.after(updates, lambda: stale)
+
     def _clear_locked(self) -> Any:
         ops = self._ops
         updates = [ops.assign(self._num_adds, ops.zeros_like(ops.read(self._num_adds)))]
         if self._rule is not None:
             updates.append(ops.assign(self._pos_counts, ops.zeros_like(ops.read(self._pos_counts))))
-        updates += self._sampler.clear(None)
+        updates += self._sampler.clear(ops)
         return ops.after(updates, lambda: ops.read(self._num_adds))
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo, counter_dataset
-from tfreplay.core.buffer import ComposedBuffer
+from tfreplay.core.buffer import ComposedBuffer, check_priorities
 from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.specs import Nest
 from tfreplay.core.twin_tf import resolve_seed
@@ -104,6 +104,9 @@ class PyBuffer(ComposedBuffer):
     def _draw(self, shape: list, total: Any) -> np.ndarray:
         return self._rng.integers(0, max(int(total), 1), size=shape, dtype=np.int64)
 
+    def _uniform(self, shape: list) -> np.ndarray:
+        return self._rng.random(shape)
+
     def _check(self, ok: Any, value: Any, message: str) -> Any:
         if not ok:
             raise ValueError(message)
@@ -187,6 +190,14 @@ class PyBuffer(ComposedBuffer):
 
     def _call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         return self._numpy_call(lambda *args: self._exclusive(lambda: fn(*args)), inputs, out_specs)
+
+    def _update_priorities(self, ids: Any, priorities: Any) -> int:
+        ids = np.asarray(ids.numpy() if isinstance(ids, tf.Tensor) else ids, np.int64)
+        values = priorities.numpy() if isinstance(priorities, tf.Tensor) else priorities
+        values = np.asarray(values, np.float64)
+        check_priorities(ids.shape, values.shape, values)
+        with self._lock:
+            return int(self._update_locked(ids.reshape(-1), values.reshape(-1)))
 
     def _gather_all(self) -> Nest:
         return self._exclusive(self._gather_all_locked)

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
-from tfreplay.core.buffer import ComposedBuffer, variable_name
+from tfreplay.core.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
 from tfreplay.core.ops import TF_OPS
 from tfreplay.core.specs import Nest
 
@@ -183,6 +183,9 @@ class TFBuffer(ComposedBuffer):
     def _draw(self, shape: list, total: Any) -> tf.Tensor:
         return self._rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
 
+    def _uniform(self, shape: list) -> tf.Tensor:
+        return self._rng.uniform(shape, dtype=tf.float64)
+
     def _check(self, ok: Any, value: Any, message: str) -> Any:
         if under_xla():  # no assertions in XLA: a refused sample carries zeros (ids) and probability 0
             return tf.nest.map_structure(lambda x: tf.where(ok, x, tf.zeros_like(x)), value)
@@ -249,6 +252,23 @@ class TFBuffer(ComposedBuffer):
             return self._storage.read(read_plan, num_steps, self._ops), ids, probs, count
 
         return locked_call(self._lock, call)
+
+    def _update_priorities(self, ids: Any, priorities: Any) -> Any:
+        ids = tf.convert_to_tensor(ids, tf.int64)
+        priorities = tf.convert_to_tensor(priorities, tf.float64)
+        if tf.executing_eagerly():
+            check_priorities(ids.shape, priorities.shape, priorities.numpy())
+            fn = self._eager.get(
+                "update", self._update, tf.TensorSpec(ids.shape, tf.int64), tf.TensorSpec(ids.shape, tf.float64)
+            )
+            return fn(ids, priorities)
+        check_priorities(ids.shape, priorities.shape, None)
+        ok = tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0))
+        return self._check(ok, self._update(ids, priorities), PRIORITIES_RULE)
+
+    def _update(self, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
+        with tf.device(self._device), tf.name_scope(self._scope):
+            return self._exclusive(lambda: self._update_locked(ids, priorities))
 
     def _gather_all(self) -> Nest:
         return self._exclusive(self._gather_all_locked)

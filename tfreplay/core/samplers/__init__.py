@@ -3,13 +3,14 @@
 A sampler sees the buffer through a `View` (the ring counters, the episode
 index, the random source) and returns window starts. Its interface:
 
-* `bind(make)`: create its state (variables or arrays) through the twin's
-  `make(name, shape, dtype)`, so checkpoints include it; returns the sampler.
-* `on_write(view, rows, ids)`: the rows just written (update ops, or `[]`).
+* `bind(make, num_rows)`: create its state (variables or arrays) through the
+  twin's `make(name, shape, dtype)`, so checkpoints include it; returns the sampler.
+* `on_write(ops, rows)`: the storage rows just written (update ops, or `[]`).
 * `sample(view, size, num_steps)`: `(segment, t, probabilities, count)`:
   `size` windows starting at local id `t` of `segment`, each one's
   probability, and how many windows could be drawn (0: none).
-* `update(ids, priorities)` and `clear(view)`: no-ops for uniform sampling.
+* `update(view, ids, priorities)`: new priorities (returns `(updates, stale
+  count)`), and `clear(ops)`: no-ops for uniform sampling.
 
 A new sampler is one file here plus the line that passes it to a buffer.
 """
@@ -36,6 +37,7 @@ class View:
     max_length: int
     num_segments: int
     draw: Callable[[list, Any], Any]
+    uniform: Callable[[list], Any]
     window: Shape | None = None
     pos_at: Callable[[Any], Any] | None = None
     pos_counts: Any = None

@@ -32,16 +32,16 @@ class UniformSampler:
     def __init__(self, within_episodes: bool = False):
         self.within_episodes = bool(within_episodes)
 
-    def bind(self, make: Callable) -> UniformSampler:
+    def bind(self, make: Callable, num_rows: int) -> UniformSampler:
         return self
 
-    def on_write(self, view: View, rows: Any, ids: Any) -> list:
+    def on_write(self, ops: Any, rows: Any) -> list:
         return []
 
-    def update(self, ids: Any, priorities: Any) -> list:
-        return []
+    def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
+        return [], 0
 
-    def clear(self, view: View) -> list:
+    def clear(self, ops: Any) -> list:
         return []
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
