@@ -52,7 +52,8 @@ class RecentSampler:
 def assemble(twin: str, recent: int):
     if twin == "tf":
         return TFBuffer(SPEC, 3, 8, rows_storage, RecentSampler(recent), "auto", scope="recent", device="cpu:*", seed=0)
-    return PyBuffer(SPEC, 3, 8, rows_storage, RecentSampler(recent), "auto", lockstep=True, seed=0, name="recent")
+    sampler = RecentSampler(recent)
+    return PyBuffer(SPEC, rows_storage, sampler, "auto", batch_size=3, max_length=8, seed=0, name="recent")
 
 
 @pytest.mark.parametrize("twin", ["tf", "py"])

@@ -27,7 +27,7 @@ from tfreplay.core.samplers.prioritized import PrioritizedSampler
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
 from tfreplay.core.storage import FrameStorage, RowStorage
-from tfreplay.core.twin_py import PyBuffer, numpy_layout
+from tfreplay.core.twin_py import PyBuffer
 from tfreplay.core.twin_tf import TFBuffer
 
 
@@ -131,15 +131,14 @@ class PyUniformReplayBuffer(PyBuffer):
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
     ):
-        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            segments,
-            length,
             rows_storage,
             UniformSampler(within_episodes),
             episode_rule,
-            lockstep=batch_size is not None,
+            capacity=capacity,
+            batch_size=batch_size,
+            max_length=max_length,
             seed=seed,
             name=name,
             window_shift=dataset_window_shift,
@@ -255,15 +254,14 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
         stateful_dataset: bool = False,
         name: str = "PyFrameReplayBuffer",
     ):
-        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            segments,
-            length,
             functools.partial(frame_storage, history_len=history_len),
             UniformSampler(),
             EpisodeRule(start="first"),
-            lockstep=batch_size is not None,
+            capacity=capacity,
+            batch_size=batch_size,
+            max_length=max_length,
             seed=seed,
             name=name,
             drop_remainder=dataset_drop_remainder,
@@ -368,15 +366,14 @@ class PyPrioritizedReplayBuffer(_Prioritized, PyBuffer):
         seed: int | None = None,
         name: str = "PyPrioritizedReplayBuffer",
     ):
-        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            segments,
-            length,
             rows_storage,
             PrioritizedSampler(alpha),
             "auto",
-            lockstep=batch_size is not None,
+            capacity=capacity,
+            batch_size=batch_size,
+            max_length=max_length,
             seed=seed,
             name=name,
         )

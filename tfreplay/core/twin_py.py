@@ -55,10 +55,11 @@ _DATASET_BLOCK = 8
 class PyBuffer(ComposedBuffer):
     """A composed buffer in NumPy arrays; public classes choose its storage and sampler.
 
-    Built as one ring (`lockstep=False`: `add_batch` appends any number of
-    items, in order) or with segments (`lockstep=True`: one item per segment
-    per `add_batch`). `options`: `window_shift`, `drop_remainder`,
-    `stateful_dataset`, as `ComposedBuffer` takes them.
+    Built as one ring (`capacity` alone: `add_batch` appends any number of
+    items, in order) or with segments (`batch_size`, `max_length`: one item
+    per segment per `add_batch`); see `numpy_layout`. `options`:
+    `window_shift`, `drop_remainder`, `stateful_dataset`, as `ComposedBuffer`
+    takes them.
     """
 
     _ops = NUMPY_OPS
@@ -66,22 +67,23 @@ class PyBuffer(ComposedBuffer):
     def __init__(
         self,
         data_spec: Nest,
-        batch_size: int,
-        max_length: int,
         storage: Callable,
         sampler: Any,
         episode_rule: Any,
         *,
-        lockstep: bool,
+        capacity: int | None = None,
+        batch_size: int | None = None,
+        max_length: int | None = None,
         seed: Any,
         name: str,
         **options: Any,
     ):
+        segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         seed = resolve_seed(seed)
         object.__setattr__(self, "_rng", np.random.default_rng(seed))
         object.__setattr__(self, "_arrays", {})
-        super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
-        self._lockstep = bool(lockstep)
+        super().__init__(data_spec, segments, length, storage, sampler, episode_rule, name=name, **options)
+        self._lockstep = batch_size is not None
         self._numpy_state = checkpoint.NumpyState(
             self._lock, lambda: dict(self._arrays), self._rng, layout=self.checkpoint_layout()
         )
