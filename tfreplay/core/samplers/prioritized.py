@@ -83,16 +83,22 @@ class PrioritizedSampler:
         stale = ops.sum(ops.to_int64(~live))
         return self._set(ops, rows, values) + [raised], stale
 
-    def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
+    def mass(self, view: View, num_steps: int | None) -> Any:
+        """The summed `priority ** alpha` of the items that can start a window: what probabilities divide by."""
         ops, n = view.ops, num_steps or 1
-        min_id, num_live = ring.live_range(view.num_adds, view.max_length, ops)
-        # The newest n - 1 items of a segment cannot start a window: their mass is left out of `total`.
+        min_id, _ = ring.live_range(view.num_adds, view.max_length, ops)
+        # The newest n - 1 items of a segment cannot start a window: their mass is left out.
         young = view.num_adds[:, None] - 1 - ops.arange(n - 1)[None, :]
         segments = ops.arange(view.num_segments)[:, None]
         young_rows = ring.local_to_rows(young, segments, view.max_length, view.num_segments)[0]
         young_mass = ops.where(young >= min_id[:, None], ops.gather(self.tree, young_rows + self.leaves), 0.0)
+        return ops.gather(self.tree, 1) - ops.sum(young_mass)
+
+    def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
+        ops, n = view.ops, num_steps or 1
+        min_id, _ = ring.live_range(view.num_adds, view.max_length, ops)
         mass = ops.gather(self.tree, 1)
-        total = mass - ops.sum(young_mass)
+        total = self.mass(view, num_steps)
         # Stratified over all the mass; a draw that lands on a row that cannot start a window is drawn again,
         # so each window's chance is its priority over `total`.
         u = (ops.to_float64(ops.arange(size)) + view.uniform([size])) / size * mass

@@ -44,6 +44,14 @@ class UniformSampler:
     def clear(self, ops: Any) -> list:
         return []
 
+    def mass(self, view: View, num_steps: int | None) -> Any:
+        """How many windows `sample` draws from now, each with probability `1 / mass`."""
+        n, ops = num_steps or 1, view.ops
+        if view.window is None:
+            return ops.maximum(ops.minimum(view.num_adds[0], view.max_length) - n + 1, 0) * view.num_segments
+        assert view.pos_at is not None  # a window goes with the episode index
+        return view.window.count(view.num_adds, view.pos_counts, view.pos_at, view.max_length, n, ops)
+
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         n, ops = num_steps or 1, view.ops
         if view.window is None:  # ring windows: segments advance together, so each has `per` starts
