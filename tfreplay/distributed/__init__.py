@@ -23,6 +23,7 @@ except ImportError as err:  # pragma: no cover (the ray extra is part of the tes
 
 from tfreplay.distributed import ids
 from tfreplay.distributed.client import ReplayClient, Shards
+from tfreplay.distributed.collectors import Collector, WeightStore, start_collectors
 from tfreplay.distributed.service import start_service
 
-__all__ = ["ReplayClient", "Shards", "ids", "start_service"]
+__all__ = ["Collector", "ReplayClient", "Shards", "WeightStore", "ids", "start_collectors", "start_service"]

@@ -99,7 +99,8 @@ class ReplayClient(ReplayBuffer):
         self._rng = np.random.default_rng(seed)
         self._next_shard = 0 if self._route is None else self._route
         self._pending: dict[int, dict] = {}
-        self._in_flight: collections.deque = collections.deque()
+        self._in_flight: collections.deque = collections.deque()  # sends not yet acknowledged
+        self._updates: collections.deque = collections.deque()  # priority updates sent with wait=False
         self._seen = [(0, 0)] * len(shards)  # per shard: the newest (epoch, accepted) acknowledged
         self._masses: dict[Any, np.ndarray] = {}
         self._closed = False
@@ -137,7 +138,9 @@ class ReplayClient(ReplayBuffer):
         shard = self._next_shard
         if self._route is None:
             self._next_shard = (shard + 1) % self.num_shards
-        pending = self._pending.setdefault(shard, {"leaves": [], "calls": [], "priorities": [], "since": time.monotonic()})
+        pending = self._pending.setdefault(
+            shard, {"leaves": [], "calls": [], "priorities": [], "since": time.monotonic()}
+        )
         pending["leaves"].append(leaves)
         pending["calls"].append(leaves[0].shape[0])
         pending["priorities"].append(priorities)
@@ -147,12 +150,15 @@ class ReplayClient(ReplayBuffer):
     def _add_batch(self, items: Nest) -> None:
         self.add_batch(items)
 
-    def flush(self) -> None:
-        """Sends every pending row and waits until the shards acknowledged all of them."""
+    def flush(self, updates: bool = False) -> None:
+        """Sends every pending row and waits until the shards acknowledged all of them (and the
+        priority updates sent with `wait=False`, if `updates`)."""
         for shard in list(self._pending):
             self._send(shard)
         while self._in_flight:
             self._settle(self._in_flight.popleft())
+        while updates and self._updates:
+            self._settle(self._updates.popleft())
 
     def _send(self, shard: int) -> None:
         pending = self._pending.pop(shard)
@@ -160,7 +166,9 @@ class ReplayClient(ReplayBuffer):
         given = pending["priorities"]
         priorities = None
         if any(p is not None for p in given):  # rows without priorities enter at the largest so far
-            priorities = np.concatenate([np.full(c, np.nan) if p is None else p for p, c in zip(given, pending["calls"])])
+            priorities = np.concatenate(
+                [np.full(c, np.nan) if p is None else p for p, c in zip(given, pending["calls"])]
+            )
             priorities = np.where(np.isnan(priorities), np.nanmax(priorities), priorities)
         args = (leaves, pending["calls"], self._seen[shard], priorities)
         self._in_flight.append(("add", shard, self.shards.actors[shard].add.remote(*args), args))
@@ -213,14 +221,14 @@ class ReplayClient(ReplayBuffer):
             "%d acknowledged items were lost in all (stats() has the counts)",
             shard,
             epoch,
-            info["num_frames"],
+            info["restored"],
             info["lost"],
         )
 
     def stats(self) -> dict:
         """Per-shard counters (`epoch`, `accepted`, `restored`, `lost`, `num_frames`, `checkpoints`) and totals."""
         self._check_open("stats")
-        self.flush()
+        self.flush(updates=True)
         shards = [self._call(k, "info", self._seen[k]) for k in range(self.num_shards)]
         total = lambda key: sum(s[key] for s in shards)  # noqa: E731
         return {
@@ -297,7 +305,7 @@ class ReplayClient(ReplayBuffer):
         if num_steps is None or time_stacked:
             return items, BufferInfo(ids=ids, probabilities=probs)
         axis = 1 if batched else 0
-        steps = tuple(tf.nest.map_structure(lambda x: np.take(x, t, axis), items) for t in range(num_steps))
+        steps = tuple(tf.nest.map_structure(lambda x, t=t: np.take(x, t, axis), items) for t in range(num_steps))
         return steps, BufferInfo(ids=tuple(np.take(ids, t, axis) for t in range(num_steps)), probabilities=probs)
 
     def _out_specs(self, sample_batch_size: int | None, num_steps: int | None) -> tuple:
@@ -372,8 +380,8 @@ class ReplayClient(ReplayBuffer):
 
         Ids of items overwritten since, or of a shard epoch before its last
         restart, are ignored and counted. With `wait=False` the updates are
-        sent and the call returns None at once; their stale count is added to
-        `stale_updates` when the next read flushes.
+        sent and the call returns None at once (at most `max_in_flight` wait);
+        their stale count is added to `stale_updates` as they are acknowledged.
 
         Raises:
           ValueError: priorities of another shape than `ids`, negative, NaN
@@ -398,9 +406,13 @@ class ReplayClient(ReplayBuffer):
             args = (bid[m], epoch[m], values[m])
             refs.append(("update_priorities", int(k), self.shards.actors[k].update_priorities.remote(*args), args))
         if not wait:
-            self._in_flight.extend(refs)
+            self._updates.extend(refs)
+            while len(self._updates) > self._max_in_flight:
+                self._settle(self._updates.popleft())
             return None
-        return sum(self._get(ref, k, method, args) for method, k, ref, args in refs)
+        stale = sum(self._get(ref, k, method, args) for method, k, ref, args in refs)
+        self._masses.clear()  # the shards' masses changed: the next request asks for them
+        return stale
 
     # The rest of the API.
     def _max_window(self) -> int:
@@ -429,7 +441,7 @@ class ReplayClient(ReplayBuffer):
         if self._closed:
             return
         try:
-            self.flush()
+            self.flush(updates=True)
         finally:
             self._closed = True
             if self._owner:

@@ -66,7 +66,7 @@ def start_service(
     state_dir = checkpoint_dir or tempfile.mkdtemp(prefix="tfreplay-service-")
     options = {"num_cpus": 0, **(actor_options or {})}
     remote = ray.remote(Shard).options(max_restarts=max_restarts, max_task_retries=-1, **options)
-    actors = []
+    actors: list[Any] = []
     for i in range(num_shards):
         shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
         interval = checkpoint_interval if checkpoint_dir else None
@@ -74,4 +74,3 @@ def start_service(
     ray.get([actor.num_frames.remote() for actor in actors])  # every shard is up (or failed) before we return
     options = {"seed": seed, **(client_options or {})}
     return ReplayClient(Shards(actors, description), owner=True, **options)
-

@@ -165,9 +165,11 @@ class Shard:
     def update_priorities(self, buffer_ids: np.ndarray, epochs: np.ndarray, priorities: np.ndarray) -> int:
         """Updates this epoch's items; ids of an earlier epoch count as stale, like overwritten ones."""
         current = epochs == self._epoch
-        with self._lock:
-            stale = int(self._buffer.update_priorities(buffer_ids[current], priorities[current]))
-        return stale + int((~current).sum())
+        stale = int((~current).sum())
+        if current.any():
+            with self._lock:
+                stale += int(self._buffer.update_priorities(buffer_ids[current], priorities[current]))
+        return stale
 
     def num_frames(self) -> int:
         return int(self._buffer.num_frames())
@@ -243,7 +245,12 @@ class Shard:
         if meta is None:
             return
         path = os.path.join(self._dir, meta["prefix"])
-        tf.train.Checkpoint(buffer=self._buffer).restore(path).assert_existing_objects_matched()
+        try:  # the layout record is checked before anything is copied in (core/checkpoint.py)
+            tf.train.Checkpoint(buffer=self._buffer).restore(path).expect_partial()
+        except Exception:  # a shard that cannot reload starts empty: its claims then count everything as lost
+            _log.exception("shard %d: could not reload %s; starting empty", self._index, path)
+            self._buffer.clear()
+            return
         self._accepted, self._since_clear = int(meta["accepted"]), int(meta["since_clear"])
         self._lost_before, self._restored_at = int(meta["lost"]), float(meta["time"])
 
