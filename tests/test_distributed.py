@@ -86,6 +86,26 @@ def test_ids_carry_shard_and_epoch_and_never_collide():
         service_ids.encode([1 << 40], 0, 0)
 
 
+def test_sampling_mass_is_what_probabilities_divide_by():
+    for rb in (
+        tfreplay.PyUniformReplayBuffer(SPEC, batch_size=2, max_length=10, seed=0),
+        tfreplay.TFUniformReplayBuffer(SPEC, batch_size=2, max_length=10, seed=0),
+    ):
+        for t in range(13):  # wrapped around: 10 live items per segment
+            rb.add_batch(rows([2 * t, 2 * t + 1]))
+        assert int(rb.sampling_mass()) == 20 and int(rb.sampling_mass(num_steps=3)) == 16
+        _, info = rb.get_next(4, num_steps=3)
+        np.testing.assert_allclose(np.asarray(info.probabilities), 1 / 16, rtol=1e-6)
+    rb = tfreplay.PyPrioritizedReplayBuffer(SPEC, 8, alpha=0.5, seed=0)
+    rb.add_batch(rows(np.arange(6)))
+    rb.update_priorities(np.arange(6), np.array([1.0, 4.0, 9.0, 16.0, 25.0, 36.0]))
+    assert rb.sampling_mass() == pytest.approx(21.0) and rb.sampling_mass(num_steps=2) == pytest.approx(15.0)
+    items, info = rb.get_next(64)
+    np.testing.assert_allclose(info.probabilities, (items["value"] + 1) / 21.0, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"sampling_mass: num_steps \(9\) must be at most max_length \(8\)"):
+        rb.sampling_mass(num_steps=9)
+
+
 @pytest.mark.slow
 def test_import_tfreplay_does_not_import_ray():
     code = "import sys, tfreplay; assert 'ray' not in sys.modules, 'ray was imported'"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from typing import Any
 
@@ -105,6 +106,8 @@ class ReplayClient(ReplayBuffer):
         self._masses: dict[Any, np.ndarray] = {}
         self._closed = False
         self.stale_updates = 0
+        # add_batch and flush may run in the learner's thread while as_dataset's generator flushes in tf.data's.
+        self._lock = threading.RLock()
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # a client holds no TF state: no tracking, no list wrappers
@@ -127,6 +130,10 @@ class ReplayClient(ReplayBuffer):
           priorities: prioritized shards only: one initial priority per row
             (Ape-X: collectors compute them), else the largest so far.
         """
+        with self._lock:
+            self._add_locked(items, priorities)
+
+    def _add_locked(self, items: Nest, priorities: Any) -> None:
         self._check_open("add_batch")
         rows = self.batch_size if self._d["lockstep"] else None
         leaves = specs.validate_numpy_batch("add_batch", self._data_spec, self._leaf_paths, items, rows)
@@ -153,10 +160,11 @@ class ReplayClient(ReplayBuffer):
     def flush(self, updates: bool = False) -> None:
         """Sends every pending row and waits until the shards acknowledged all of them (and the
         priority updates sent with `wait=False`, if `updates`)."""
-        for shard in list(self._pending):
-            self._send(shard)
-        while self._in_flight:
-            self._settle(self._in_flight.popleft())
+        with self._lock:
+            for shard in list(self._pending):
+                self._send(shard)
+            while self._in_flight:
+                self._settle(self._in_flight.popleft())
         while updates and self._updates:
             self._settle(self._updates.popleft())
 
@@ -195,6 +203,8 @@ class ReplayClient(ReplayBuffer):
             try:
                 return ray.get(ref)
             except _RETRIED:
+                if self._closed and self._owner:
+                    raise RuntimeError(f"{method}: the replay client is closed; its shards are stopped.") from None
                 if time.monotonic() > deadline:
                     raise
                 _log.warning("shard %d is down; resending %s", shard, method)
