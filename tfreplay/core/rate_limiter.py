@@ -1,0 +1,484 @@
+"""Rate limiting: Reverb's samples-per-insert, in process.
+
+A limiter keeps the learner's samples and the collectors' inserts near a
+ratio. It counts items, not calls: an `add_batch` of B rows is B inserts, a
+`get_next(sample_batch_size=S)` is S samples (a `num_steps` window is one
+sample). With `error = inserts * samples_per_insert - samples`:
+
+* while the buffer holds fewer than `min_size_to_sample` items, inserts pass
+  and samples wait;
+* then a sample of n waits until `error - n >= min_diff`, and an insert of n
+  waits until `error + n * samples_per_insert <= max_diff`.
+
+A call waits before it takes the buffer's lock (waiting under it would stop
+the other side). A sample counts when it is admitted, as in Reverb, and is
+given back if the call then fails (no window to draw yet). An insert is
+*pending* until its rows are written: it uses room for inserts at once but
+is not counted for sampling before it can be drawn, and a failed write gives
+its room back. So the counts are what the buffer did, and once sampling has
+begun the error stays inside `[min_diff, max_diff]` (a given-back sample may
+leave it above `max_diff` by that sample's size, until the learner samples).
+
+`Gate` is the buffer's side: the eager call, the ops a graph orders around
+its locked op, and the ticks of a sampling dataset.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+_POLL = 0.1  # seconds a dataset's tick waits before it lets tf.data look again (so an iterator can be deleted)
+
+
+class BufferClosedError(tf.errors.OutOfRangeError):
+    """`add_batch`/`get_next` on a closed buffer (inside a graph: `tf.errors.OutOfRangeError`, same message)."""
+
+    def __init__(self, message: str):
+        super().__init__(None, None, message)
+
+
+class RateLimitTimeoutError(tf.errors.DeadlineExceededError):
+    """A call the limiter did not admit in time, or at once with timeout 0.
+
+    Inside a graph it arrives as `tf.errors.UnknownError` with the same message.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(None, None, message)
+
+
+class RateLimiterInfo(NamedTuple):
+    """A snapshot of a limiter's counts, taken under its lock.
+
+    `inserts` are written items, `pending_inserts` admitted ones not yet
+    written, `samples` admitted samples (failed ones given back); `error` is
+    `inserts * samples_per_insert - samples`; `size` counts the written items
+    still stored (at most the capacity).
+    """
+
+    inserts: int
+    samples: int
+    pending_inserts: int
+    size: int
+    error: float
+    min_diff: float
+    max_diff: float
+    closed: bool
+
+
+def _check_timeout(where: str, name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise ValueError(f"{where}: {name} ({value!r}) must be None (wait), 0 (never wait) or a number of seconds.")
+    return float(value)
+
+
+class RateLimiter:
+    """Reverb's rate limiter rule, for one buffer (pass it as `rate_limiter=`).
+
+    Args:
+      samples_per_insert: the target number of samples per inserted item.
+      min_size_to_sample: samples wait until the buffer holds this many items.
+      min_diff, max_diff: the range the error is kept in (see the module doc).
+      insert_timeout: seconds `add_batch` waits: None waits until admitted
+        or `close()`, 0 never waits; either way a refused call raises
+        `RateLimitTimeoutError` naming the limiter's state.
+      sample_timeout: the same for `get_next` and `as_dataset`.
+    """
+
+    def __init__(
+        self,
+        samples_per_insert: float,
+        min_size_to_sample: int,
+        min_diff: float,
+        max_diff: float,
+        *,
+        insert_timeout: float | None = None,
+        sample_timeout: float | None = None,
+    ):
+        where = type(self).__name__
+        ok = isinstance(samples_per_insert, (int, float)) and not isinstance(samples_per_insert, bool)
+        if not ok or not math.isfinite(samples_per_insert) or samples_per_insert <= 0:
+            raise ValueError(f"{where}: samples_per_insert ({samples_per_insert!r}) must be a positive number.")
+        if not isinstance(min_size_to_sample, (int, np.integer)) or isinstance(min_size_to_sample, bool):
+            raise ValueError(f"{where}: min_size_to_sample ({min_size_to_sample!r}) must be a positive integer.")
+        if min_size_to_sample < 1:
+            raise ValueError(f"{where}: min_size_to_sample ({min_size_to_sample!r}) must be a positive integer.")
+        if not min_diff < max_diff:
+            raise ValueError(f"{where}: min_diff ({min_diff!r}) must be less than max_diff ({max_diff!r}).")
+        if max_diff - min_diff < 2 * max(1.0, samples_per_insert):
+            raise ValueError(
+                f"{where}: the error range (max_diff - min_diff = {max_diff - min_diff:g}) must be at least "
+                f"2 * max(1, samples_per_insert) ({2 * max(1.0, samples_per_insert):g}), or inserts and samples "
+                "could block each other for ever; widen error_buffer."
+            )
+        if min_diff > samples_per_insert * min_size_to_sample:
+            raise ValueError(
+                f"{where}: min_diff ({min_diff:g}) must be at most samples_per_insert * min_size_to_sample "
+                f"({samples_per_insert * min_size_to_sample:g}), or no sample is ever admitted."
+            )
+        self.samples_per_insert, self.min_size_to_sample = float(samples_per_insert), int(min_size_to_sample)
+        self.min_diff, self.max_diff = float(min_diff), float(max_diff)
+        self.insert_timeout = _check_timeout(where, "insert_timeout", insert_timeout)
+        self.sample_timeout = _check_timeout(where, "sample_timeout", sample_timeout)
+        self._cond = threading.Condition(threading.Lock())
+        self._inserts, self._pending, self._samples = 0, 0, 0
+        self._largest = {"insert": 1, "sample": 1}  # the largest call seen on each side (the deadlock check)
+        self._size, self._capacity, self._closed = 0, 0, False
+        self._owner: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(samples_per_insert={self.samples_per_insert:g}, "
+            f"min_size_to_sample={self.min_size_to_sample}, min_diff={self.min_diff:g}, max_diff={self.max_diff:g})"
+        )
+
+    def info(self) -> RateLimiterInfo:
+        """The counts now, read under the limiter's lock."""
+        with self._cond:
+            return self._info()
+
+    def _info(self) -> RateLimiterInfo:
+        error = self._inserts * self.samples_per_insert - self._samples
+        args = (self._inserts, self._samples, self._pending, self._size, error, self.min_diff, self.max_diff)
+        return RateLimiterInfo(*args, self._closed)
+
+    def _state(self) -> str:
+        i = self._info()
+        return (
+            f"{self!r}: inserts={i.inserts} (+{i.pending_inserts} pending), samples={i.samples}, "
+            f"size={i.size}, error={i.error:g} (kept in [{i.min_diff:g}, {i.max_diff:g}])"
+        )
+
+    # The buffer's side (through `Gate`).
+    def _bind(self, owner: str, capacity: int, insert_size: int) -> None:
+        if self._owner is not None:
+            raise ValueError(
+                f"{owner}: rate_limiter ({self!r}) must be a new limiter; it already limits a {self._owner}. "
+                "Give each buffer its own."
+            )
+        if self.min_size_to_sample > capacity:
+            raise ValueError(
+                f"{owner}: min_size_to_sample ({self.min_size_to_sample}) must be at most the capacity "
+                f"({capacity}), or no sample is ever admitted."
+            )
+        self._check_room(owner, "insert", insert_size)
+        self._owner, self._capacity, self._largest["insert"] = owner, capacity, insert_size
+
+    def _check_room(self, where: str, side: str, n: int) -> None:
+        """Refuses a call so large that it and the other side's largest could each wait for the other for ever."""
+        spi = self.samples_per_insert
+        inserts = n if side == "insert" else self._largest["insert"]
+        samples = n if side == "sample" else self._largest["sample"]
+        need = samples + spi * inserts
+        if self.max_diff - self.min_diff < need:
+            raise ValueError(
+                f"{where}: the rate limiter's error range (max_diff - min_diff = {self.max_diff - self.min_diff:g}) "
+                f"must be at least the largest sample ({samples}) + samples_per_insert * the largest insert "
+                f"({spi:g} * {inserts}) = {need:g}, or collectors and the learner could wait for each other for "
+                "ever; widen error_buffer or use smaller batches."
+            )
+
+    def _can(self, side: str, n: int) -> bool:
+        spi = self.samples_per_insert
+        if side == "insert":  # stage 1 (Reverb): inserts pass until min_size_to_sample items are stored
+            stored = min(self._size + self._pending, self._capacity)
+            return stored < self.min_size_to_sample or (
+                (self._inserts + self._pending + n) * spi - self._samples <= self.max_diff
+            )
+        return self._size >= self.min_size_to_sample and self._inserts * spi - self._samples - n >= self.min_diff
+
+    def _closed_error(self, where: str) -> BufferClosedError:
+        return BufferClosedError(f"{where}: the buffer is closed (close() was called); nothing was added or sampled.")
+
+    def _admit(
+        self,
+        where: str,
+        side: str,
+        n: int,
+        timeout: float | None,
+        start: float | None = None,
+        poll: float | None = None,
+    ) -> bool:
+        """Waits until `n` items of `side` may go, then holds them pending; False if `poll` seconds ran out first.
+
+        `timeout` counts from `start` (default: now), so a wait split into polls keeps one deadline.
+
+        Raises:
+          BufferClosedError: the buffer is or gets closed.
+          RateLimitTimeoutError: `timeout` ran out (at once with 0).
+          ValueError: the call could never be admitted (see `_check_room`).
+        """
+        now = time.monotonic()
+        deadline = None if timeout is None else (now if start is None else start) + timeout
+        poll_end = None if poll is None else now + poll
+        with self._cond:
+            self._check_room(where, side, n)
+            self._largest[side] = max(self._largest[side], n)
+            while True:
+                if self._closed:
+                    raise self._closed_error(where)
+                if self._can(side, n):
+                    if side == "insert":
+                        self._pending += n
+                    else:
+                        self._samples += n
+                    self._cond.notify_all()  # a sample makes room for inserts; an insert may unblock nothing yet
+                    return True
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    what = "would wait" if timeout == 0 else f"waited {timeout:g} s"
+                    raise RateLimitTimeoutError(
+                        f"{where}: the rate limiter {what} to admit {n} {side}s; {self._state()}."
+                    )
+                if poll_end is not None and now >= poll_end:
+                    return False
+                ends = [t for t in (deadline, poll_end) if t is not None]
+                self._cond.wait(min(ends) - now if ends else None)
+
+    def _settle(self, side: str, n: int, ok: bool) -> None:
+        """Ends an admitted call: commits its `n` inserts, or gives back its items if it failed."""
+        with self._cond:
+            if side == "sample":
+                self._samples = self._samples if ok else max(self._samples - n, 0)
+            else:
+                self._pending -= n
+                if ok:
+                    self._inserts += n
+                    self._size = min(self._size + n, self._capacity)
+            self._cond.notify_all()
+
+    def _close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _reset(self) -> None:
+        """After `clear()`: counts start again from zero (as Reverb's table reset); pending inserts stay pending."""
+        with self._cond:
+            self._inserts, self._samples, self._size = 0, 0, 0
+            self._cond.notify_all()
+
+
+class MinSize(RateLimiter):
+    """Samples wait until the buffer holds `min_size_to_sample` items; inserts never wait.
+
+    Args:
+      min_size_to_sample: a positive integer, at most the buffer's capacity.
+      sample_timeout: as `RateLimiter`.
+    """
+
+    def __init__(self, min_size_to_sample: int, *, sample_timeout: float | None = None):
+        super().__init__(1.0, min_size_to_sample, -math.inf, math.inf, sample_timeout=sample_timeout)
+
+
+class SampleToInsertRatio(RateLimiter):
+    """Keeps samples near `samples_per_insert` per inserted item (Reverb's `SampleToInsertRatio`).
+
+    Until the buffer holds `min_size_to_sample` items inserts pass and samples
+    wait; then the error `inserts * samples_per_insert - samples` is kept in
+    `[min_diff, max_diff]`: a number `error_buffer` means
+    `min_size_to_sample * samples_per_insert -/+ error_buffer` (the error
+    counts from the end of that first stage), a pair `(min_diff, max_diff)`
+    is used as given. The range must hold the largest sample plus
+    `samples_per_insert` times the largest insert (checked on each call).
+
+    Example:
+      `TFUniformReplayBuffer(spec, batch_size=4, max_length=1000,
+      rate_limiter=SampleToInsertRatio(8.0, 100, 64.0))`: after 100 items,
+      each sampled item is matched by 1/8 inserted one, within 64 samples.
+    """
+
+    def __init__(
+        self,
+        samples_per_insert: float,
+        min_size_to_sample: int,
+        error_buffer: float | tuple[float, float],
+        *,
+        insert_timeout: float | None = None,
+        sample_timeout: float | None = None,
+    ):
+        where = "SampleToInsertRatio"
+        if isinstance(error_buffer, (tuple, list)) and len(error_buffer) == 2:
+            bounds = tuple(error_buffer)
+        elif isinstance(error_buffer, (int, float)) and not isinstance(error_buffer, bool) and error_buffer >= 0:
+            numbers = _number(samples_per_insert) and _number(min_size_to_sample)
+            offset = float(samples_per_insert) * float(min_size_to_sample) if numbers else 0.0
+            bounds = (offset - error_buffer, offset + error_buffer)
+        else:
+            raise ValueError(f"{where}: error_buffer ({error_buffer!r}) must be a non-negative number or a pair.")
+        if not all(_number(b) and math.isfinite(b) for b in bounds):
+            raise ValueError(f"{where}: error_buffer ({error_buffer!r}) must hold finite numbers.")
+        super().__init__(
+            samples_per_insert,
+            min_size_to_sample,
+            float(bounds[0]),
+            float(bounds[1]),
+            insert_timeout=insert_timeout,
+            sample_timeout=sample_timeout,
+        )
+
+
+class Gate:
+    """A buffer's side of its limiter (or of none): the closed flag, eager calls, graph ops, dataset ticks.
+
+    Args:
+      limiter: the buffer's `rate_limiter` argument (None: nothing waits).
+      owner: the buffer's class name, for errors.
+      capacity: the buffer's capacity.
+      insert_size: items per `add_batch` (1 when it varies).
+    """
+
+    def __init__(self, limiter: RateLimiter | None, owner: str, capacity: int, insert_size: int):
+        if limiter is not None and not isinstance(limiter, RateLimiter):
+            raise TypeError(
+                f"{owner}: rate_limiter ({limiter!r}) must be a RateLimiter (MinSize, SampleToInsertRatio) or None."
+            )
+        if limiter is not None:
+            limiter._bind(owner, capacity, insert_size)
+        self.limiter, self._closed = limiter, False
+
+    def close(self) -> None:
+        self._closed = True
+        if self.limiter is not None:
+            self.limiter._close()
+
+    def check_open(self, where: str) -> None:
+        if self._closed:
+            raise BufferClosedError(
+                f"{where}: the buffer is closed (close() was called); nothing was added or sampled."
+            )
+
+    def call(self, where: str, side: str, n: int, fn: Callable[[], Any]) -> Any:
+        """`fn()` (one eager call of `n` items), once the limiter admits it; its items settle when it ends."""
+        self.check_open(where)
+        if self.limiter is None:
+            return fn()
+        timeout = self.limiter.insert_timeout if side == "insert" else self.limiter.sample_timeout
+        self.limiter._admit(where, side, n, timeout)
+        return self.settled(side, n, fn)
+
+    def settled(self, side: str, n: int, fn: Callable[[], Any]) -> Any:
+        """`fn()` for `n` items already admitted (a dataset tick); they settle when it ends."""
+        if self.limiter is None:
+            return fn()
+        try:
+            out = fn()
+        except BaseException:
+            self.limiter._settle(side, n, False)
+            raise
+        self.limiter._settle(side, n, True)
+        return out
+
+    def admit_op(self, where: str, side: str, n: int) -> list:
+        """In a graph: the op that waits for the limiter; order the locked op after it."""
+        self.check_open(where)
+        if self.limiter is None:
+            return []
+        self._refuse_xla(where)
+        limiter = self.limiter
+        timeout = limiter.insert_timeout if side == "insert" else limiter.sample_timeout
+
+        def admit() -> Any:
+            try:
+                limiter._admit(where, side, n, timeout)
+            except BufferClosedError as err:
+                raise StopIteration(str(err)) from None  # a py function's StopIteration is OutOfRangeError
+            return np.bool_(True)
+
+        return [tf.numpy_function(admit, [], tf.bool, stateful=True, name="rate_limiter_wait")]
+
+    def settle_op(self, where: str, side: str, n: int, ok: Any, value: Any) -> Any:
+        """In a graph: `value` once the call's items are settled (`ok`: whether the call succeeded)."""
+        if self.limiter is None:
+            return value
+        self._refuse_xla(where)
+        limiter = self.limiter
+
+        def settle(good: np.ndarray) -> Any:
+            limiter._settle(side, n, bool(good))
+            return np.bool_(True)
+
+        def op() -> tf.Tensor:
+            return tf.numpy_function(settle, [ok], tf.bool, stateful=True, name="rate_limiter_settle")
+
+        # A sample only needs the limiter when it failed; an insert always commits.
+        done = op() if side == "insert" else tf.cond(ok, lambda: tf.constant(True), op)
+        leaves = tf.nest.flatten(value)
+        with tf.control_dependencies([done]):
+            leaves[-1] = tf.identity(leaves[-1])
+        return tf.nest.pack_sequence_as(value, leaves)
+
+    def ticks(self, counter: tf.data.Dataset, n: int) -> tf.data.Dataset:
+        """`counter`, one element per admitted sample of `n` items; it ends when the buffer is closed.
+
+        A tick waits at most `_POLL` seconds per call, so tf.data can delete
+        an iterator whose learner stopped reading while it waits.
+        """
+        if self.limiter is None:
+            return counter
+        limiter, timeout = self.limiter, self.limiter.sample_timeout
+        since: dict[str, float] = {}
+
+        def poll() -> Any:
+            start = since.setdefault("start", time.monotonic())  # one dataset's ticks are drawn in order
+            try:
+                admitted = limiter._admit("as_dataset", "sample", n, timeout, start, _POLL)
+            except BufferClosedError:
+                return np.int64(-1)
+            if admitted:
+                since.clear()
+            return np.int64(1 if admitted else 0)
+
+        def status(_: Any) -> tf.Tensor:
+            return tf.ensure_shape(tf.numpy_function(poll, [], tf.int64, stateful=True, name="rate_limiter_tick"), [])
+
+        return counter.map(status).take_while(_open).filter(_admitted)
+
+    def after_clear(self, out: Any) -> Any:
+        """`clear()`'s result, once the limiter's counts are reset too."""
+        if self.limiter is None:
+            return out
+        if tf.executing_eagerly():
+            self.limiter._reset()
+            return out
+        limiter = self.limiter
+
+        def reset() -> Any:
+            limiter._reset()
+            return np.bool_(True)
+
+        with tf.control_dependencies(tf.nest.flatten(out)):
+            done = tf.numpy_function(reset, [], tf.bool, stateful=True, name="rate_limiter_reset")
+        with tf.control_dependencies([done]):
+            return tf.nest.map_structure(tf.identity, out)
+
+    def _refuse_xla(self, where: str) -> None:
+        from tfreplay.core.twin_tf import under_xla  # the TF twin imports this module
+
+        if under_xla():
+            raise NotImplementedError(
+                f"{where}: a buffer with a rate_limiter cannot wait inside an XLA-compiled function "
+                "(jit_compile=True): the wait runs in Python. Call it outside the compiled function, "
+                "or build the buffer without rate_limiter."
+            )
+
+
+def _open(status: tf.Tensor) -> tf.Tensor:
+    return status >= 0
+
+
+def _admitted(status: tf.Tensor) -> tf.Tensor:
+    return status > 0
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
