@@ -105,13 +105,7 @@ class RateLimiter:
         sample_timeout: float | None = None,
     ):
         where = type(self).__name__
-        ok = isinstance(samples_per_insert, (int, float)) and not isinstance(samples_per_insert, bool)
-        if not ok or not math.isfinite(samples_per_insert) or samples_per_insert <= 0:
-            raise ValueError(f"{where}: samples_per_insert ({samples_per_insert!r}) must be a positive number.")
-        if not isinstance(min_size_to_sample, (int, np.integer)) or isinstance(min_size_to_sample, bool):
-            raise ValueError(f"{where}: min_size_to_sample ({min_size_to_sample!r}) must be a positive integer.")
-        if min_size_to_sample < 1:
-            raise ValueError(f"{where}: min_size_to_sample ({min_size_to_sample!r}) must be a positive integer.")
+        _check_rate(where, samples_per_insert, min_size_to_sample)
         if not min_diff < max_diff:
             raise ValueError(f"{where}: min_diff ({min_diff!r}) must be less than max_diff ({max_diff!r}).")
         if max_diff - min_diff < 2 * max(1.0, samples_per_insert):
@@ -307,11 +301,11 @@ class SampleToInsertRatio(RateLimiter):
         sample_timeout: float | None = None,
     ):
         where = "SampleToInsertRatio"
+        _check_rate(where, samples_per_insert, min_size_to_sample)
         if isinstance(error_buffer, (tuple, list)) and len(error_buffer) == 2:
             bounds = tuple(error_buffer)
-        elif isinstance(error_buffer, (int, float)) and not isinstance(error_buffer, bool) and error_buffer >= 0:
-            numbers = _number(samples_per_insert) and _number(min_size_to_sample)
-            offset = float(samples_per_insert) * float(min_size_to_sample) if numbers else 0.0
+        elif _number(error_buffer) and error_buffer >= 0:  # counted from the end of the first stage, as Reverb
+            offset = samples_per_insert * min_size_to_sample
             bounds = (offset - error_buffer, offset + error_buffer)
         else:
             raise ValueError(f"{where}: error_buffer ({error_buffer!r}) must be a non-negative number or a pair.")
@@ -478,6 +472,14 @@ def _open(status: tf.Tensor) -> tf.Tensor:
 
 def _admitted(status: tf.Tensor) -> tf.Tensor:
     return status > 0
+
+
+def _check_rate(where: str, samples_per_insert: Any, min_size_to_sample: Any) -> None:
+    if not _number(samples_per_insert) or not math.isfinite(samples_per_insert) or samples_per_insert <= 0:
+        raise ValueError(f"{where}: samples_per_insert ({samples_per_insert!r}) must be a positive number.")
+    integer = isinstance(min_size_to_sample, (int, np.integer)) and not isinstance(min_size_to_sample, bool)
+    if not integer or min_size_to_sample < 1:
+        raise ValueError(f"{where}: min_size_to_sample ({min_size_to_sample!r}) must be a positive integer.")
 
 
 def _number(x: Any) -> bool:
