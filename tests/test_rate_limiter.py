@@ -379,8 +379,8 @@ def test_a_learner_dropping_its_iterator_does_not_hang(twin):
 # --- collector and learner threads -----------------------------------------------------
 
 
-def run_pair(twin: str, learner: str, spi: float = 2.0, error_buffer: float = 8.0, seconds: float = 1.5):
-    """A collector thread and a learner thread for `seconds`, then close(); returns (limiter, history, outcomes).
+def run_pair(twin: str, learner: str, spi: float = 2.0, error_buffer: float = 8.0, samples: int = 400):
+    """A collector and a learner thread until `samples` are drawn, then close(); returns (limiter, history, outcomes).
 
     `history` holds the limiter's counts read under its lock after every call
     of either side and by a third thread that watches them.
@@ -411,7 +411,9 @@ def run_pair(twin: str, learner: str, spi: float = 2.0, error_buffer: float = 8.
             time.sleep(0.001)
 
     threads = [start(fn) for fn in (collect, learn, watch)]
-    time.sleep(seconds)
+    deadline = time.monotonic() + JOIN
+    while limiter.info().samples < samples and time.monotonic() < deadline:
+        time.sleep(0.01)
     rb.close()
     stop.set()
     assert all(joined(t) for t, _ in threads), "a side did not stop after close()"
@@ -425,7 +427,7 @@ def run_pair(twin: str, learner: str, spi: float = 2.0, error_buffer: float = 8.
 def test_collector_and_learner_threads_keep_the_ratio_and_stop_on_close(twin, learner):
     limiter, history, outcomes = run_pair(twin, learner)
     sampling = [h for h in history if h.samples > 0]
-    assert len(sampling) > 20 and limiter.info().samples >= 40, "the learner barely ran"
+    assert len(sampling) > 50 and limiter.info().samples >= 400, "the learner barely ran"
     for h in sampling:  # the error stays in [8 * 2 - 8, 8 * 2 + 8] once sampling has begun
         assert limiter.min_diff <= h.error <= limiter.max_diff, h
     collector, learner_out, watcher = outcomes

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 import tensorflow as tf
 
 from tfreplay.core import checkpoint, specs
-from tfreplay.core.rate_limiter import Gate
+from tfreplay.core.gate import Gate
 from tfreplay.core.specs import Nest
 
 

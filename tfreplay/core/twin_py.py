@@ -17,8 +17,8 @@ import tensorflow as tf
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo, counter_dataset
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
+from tfreplay.core.gate import Gate
 from tfreplay.core.ops import NUMPY_OPS
-from tfreplay.core.rate_limiter import Gate
 from tfreplay.core.specs import Nest
 from tfreplay.core.twin_tf import resolve_seed
 
@@ -60,7 +60,7 @@ class PyBuffer(ComposedBuffer):
     items, in order) or with segments (`batch_size`, `max_length`: one item
     per segment per `add_batch`); see `numpy_layout`. `options`:
     `window_shift`, `drop_remainder`, `stateful_dataset`, as `ComposedBuffer`
-    takes them. `rate_limiter`: see `core/rate_limiter.py`.
+    takes them. `rate_limiter`: see `core/rate_limiter.py` and `core/gate.py`.
     """
 
     _ops = NUMPY_OPS

@@ -20,8 +20,8 @@ from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
+from tfreplay.core.gate import Gate
 from tfreplay.core.ops import TF_OPS
-from tfreplay.core.rate_limiter import Gate
 from tfreplay.core.specs import Nest
 
 try:  # XLA has no mutex op: inside jit_compile the critical section is skipped.
@@ -120,7 +120,7 @@ class TFBuffer(ComposedBuffer):
     """A composed buffer in `tf.Variable`s; public classes choose its storage and sampler.
 
     `options`: `window_shift`, `drop_remainder`, `stateful_dataset`, as
-    `ComposedBuffer` takes them. `rate_limiter`: see `core/rate_limiter.py`.
+    `ComposedBuffer` takes them. `rate_limiter`: see `core/rate_limiter.py` and `core/gate.py`.
     """
 
     _ops = TF_OPS
