@@ -132,6 +132,9 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         iterator asks for it, so it sees data a collector keeps adding. With
         `single_deterministic_pass=True` it yields every stored item exactly
         once, segment by segment in insertion order, in windows of `num_steps`.
+        With a `rate_limiter` each sampled element waits until it is admitted,
+        and the dataset ends (`StopIteration`) once the buffer is closed; the
+        deterministic pass reads what is stored and is not limited.
 
         Args:
           sample_batch_size: elements' batch size (`None`: unbatched).
