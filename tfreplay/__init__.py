@@ -14,6 +14,14 @@ from tfreplay.buffers import (
 )
 from tfreplay.core.api import BufferInfo, ReplayBuffer
 from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.rate_limiter import (
+    BufferClosedError,
+    MinSize,
+    RateLimiter,
+    RateLimiterInfo,
+    RateLimitTimeoutError,
+    SampleToInsertRatio,
+)
 from tfreplay.core.samplers.prioritized import PrioritizedSampler
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.storage import frame_data_spec
@@ -23,15 +31,21 @@ from tfreplay.expreplay import ExpReplay
 __version__ = "0.1.0"
 
 __all__ = [
+    "BufferClosedError",
     "BufferInfo",
     "EpisodeRule",
     "ExpReplay",
     "ExperienceReplay",
+    "MinSize",
     "PrioritizedSampler",
     "PyFrameReplayBuffer",
     "PyPrioritizedReplayBuffer",
     "PyUniformReplayBuffer",
+    "RateLimitTimeoutError",
+    "RateLimiter",
+    "RateLimiterInfo",
     "ReplayBuffer",
+    "SampleToInsertRatio",
     "TFFrameReplayBuffer",
     "TFPrioritizedReplayBuffer",
     "TFUniformReplayBuffer",

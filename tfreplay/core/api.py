@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple
 import tensorflow as tf
 
 from tfreplay.core import checkpoint, specs
+from tfreplay.core.gate import Gate
 from tfreplay.core.specs import Nest
 
 
@@ -54,6 +55,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         specs.check_positive_int(type(self).__name__, "capacity", capacity)
         self._capacity = int(capacity)
         self._stateful_dataset = stateful_dataset
+        object.__setattr__(self, "_gate", Gate(None, type(self).__name__, self._capacity, 1))  # no rate limiter
 
     @property
     def data_spec(self) -> Nest:
@@ -78,7 +80,9 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
 
         A rejected batch (wrong structure, dtype, shape or batch size) raises
         `TypeError`/`ValueError` naming the leaf and leaves the buffer unchanged.
+        With a `rate_limiter` it first waits for room (see `close()`).
         """
+        self._gate.check_open("add_batch")
         return self._add_batch(items)
 
     def get_next(
@@ -103,9 +107,16 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         Raises:
           ValueError: a non-positive size, `num_steps` longer than a segment, or
             an empty buffer (in a graph: `tf.errors.InvalidArgumentError`).
+          BufferClosedError: after `close()` (in a graph: `tf.errors.OutOfRangeError`).
+          RateLimitTimeoutError: the `rate_limiter` did not admit it in time.
         """
         self._check_sample_args("get_next", sample_batch_size, num_steps)
-        return self._get_next(sample_batch_size, num_steps, time_stacked)
+        size, gate = sample_batch_size or 1, self._gate
+        sample = lambda: self._get_next(sample_batch_size, num_steps, time_stacked)  # noqa: E731
+        if tf.executing_eagerly():
+            return gate.call("get_next", "sample", size, sample)
+        with tf.control_dependencies(gate.admit_op("get_next", "sample", size)):  # wait, then lock and sample
+            return sample()
 
     def as_dataset(
         self,
@@ -121,6 +132,9 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         iterator asks for it, so it sees data a collector keeps adding. With
         `single_deterministic_pass=True` it yields every stored item exactly
         once, segment by segment in insertion order, in windows of `num_steps`.
+        With a `rate_limiter` each sampled element waits until it is admitted,
+        and the dataset ends (`StopIteration`) once the buffer is closed; the
+        deterministic pass reads what is stored and is not limited.
 
         Args:
           sample_batch_size: elements' batch size (`None`: unbatched).
@@ -130,6 +144,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
             of every element before it is returned.
           single_deterministic_pass: one ordered pass instead of sampling.
         """
+        self._gate.check_open("as_dataset")
         self._check_sample_args("as_dataset", sample_batch_size, num_steps)
         if num_parallel_calls not in (None, tf.data.AUTOTUNE):
             specs.check_positive_int("as_dataset", "num_parallel_calls", num_parallel_calls)
@@ -151,8 +166,8 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     def _sample_dataset(
         self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
     ) -> tf.data.Dataset:
-        """An endless dataset of fresh samples, one drawn per element."""
-        return counter_dataset().map(
+        """Fresh samples, one drawn per element, each once the rate limiter admits it; endless until `close()`."""
+        return self._gate.ticks(counter_dataset(), sample_batch_size or 1).map(
             lambda _: self._sample_tensors(sample_batch_size, num_steps), num_parallel_calls=num_parallel_calls
         )
 
@@ -161,8 +176,21 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         return self._gather_all()
 
     def clear(self) -> Any:
-        """Empties the buffer; capacity and spec stay."""
-        return self._clear()
+        """Empties the buffer; capacity and spec stay. A rate limiter's counts start again from zero."""
+        return self._gate.after_clear(self._clear())
+
+    def close(self) -> None:
+        """Ends the buffer's service to collectors and learners; idempotent.
+
+        Every `add_batch` and `get_next` waiting for the rate limiter raises
+        `BufferClosedError` (inside a graph: `tf.errors.OutOfRangeError`),
+        sampling datasets end (`StopIteration`) after the elements already
+        drawn, and later `add_batch`, `get_next` and `as_dataset` calls are
+        refused the same way. The items stay: `gather_all`, `num_frames` and
+        checkpoints still work. Without a rate limiter nothing waits: graphs
+        traced and dataset iterators made before `close()` keep working.
+        """
+        self._gate.close()
 
     def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any) -> None:
         specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)

@@ -20,6 +20,7 @@ from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
+from tfreplay.core.gate import Gate
 from tfreplay.core.ops import TF_OPS
 from tfreplay.core.specs import Nest
 
@@ -119,7 +120,7 @@ class TFBuffer(ComposedBuffer):
     """A composed buffer in `tf.Variable`s; public classes choose its storage and sampler.
 
     `options`: `window_shift`, `drop_remainder`, `stateful_dataset`, as
-    `ComposedBuffer` takes them.
+    `ComposedBuffer` takes them. `rate_limiter`: see `core/rate_limiter.py` and `core/gate.py`.
     """
 
     _ops = TF_OPS
@@ -136,11 +137,13 @@ class TFBuffer(ComposedBuffer):
         scope: str,
         device: str,
         seed: Any,
+        rate_limiter: Any = None,
         **options: Any,
     ):
         self._device, self._scope, self._seed = device, scope, resolve_seed(seed)
         name = re.sub(r"\W", "_", scope) or "buffer"  # a tf.Module name; the scope may be any string
         super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
+        object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, batch_size))
         self._layout_record = checkpoint.LayoutState(self.checkpoint_layout())
 
     @property
@@ -204,11 +207,15 @@ class TFBuffer(ComposedBuffer):
         leaves, asserts = specs.validate_tensor_batch(
             "add_batch", self._data_spec, self._leaf_paths, items, self._num_segments
         )
+        n = self._num_segments
         if tf.executing_eagerly():
             signature = [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
-            return self._eager.get("add", self._write, signature)(leaves)
-        with tf.control_dependencies(asserts):
-            return self._write(leaves)
+            write = self._eager.get("add", self._write, signature)
+            return self._gate.call("add_batch", "insert", n, lambda: write(leaves))
+        with tf.control_dependencies(asserts):  # checked, then wait for the rate limiter, then lock and write
+            admitted = self._gate.admit_op("add_batch", "insert", n)
+        with tf.control_dependencies(asserts + admitted):
+            return self._gate.settle_op("add_batch", "insert", n, True, self._write(leaves))
 
     def _write(self, leaves: list) -> tf.Tensor:
         with tf.device(self._device), tf.name_scope(self._scope):
@@ -230,6 +237,7 @@ class TFBuffer(ComposedBuffer):
 
     def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
         items, info, count = self._unchecked_sample(sample_batch_size, num_steps)
+        count = self._gate.settle_op("get_next", "sample", sample_batch_size or 1, count > 0, count)  # refund if empty
         with tf.name_scope(self._scope):
             return self._guard(count, (items, info), "get_next", num_steps)
 
