@@ -206,7 +206,7 @@ def test_uniform_service_samples_in_proportion_keeps_concurrent_inserts_and_shut
     finally:
         rb.close()
     rb.close()  # twice is fine
-    with pytest.raises(RuntimeError, match=r"get_next: the replay client is closed"):
+    with pytest.raises(tfreplay.BufferClosedError, match=r"get_next: the replay client is closed \(close\(\) was"):
         rb.get_next(1)
     for actor in rb.shards.actors:
         with pytest.raises(ray.exceptions.RayActorError):
@@ -327,3 +327,45 @@ def test_dataset_keeps_requests_in_flight_and_yields_windows_and_frames():
         np.testing.assert_allclose(info.probabilities, local.get_next(1)[1].probabilities[0], rtol=1e-6)
     finally:
         frames.close()
+
+
+@pytest.mark.slow
+@on_ray
+def test_one_rate_limiter_holds_samples_per_insert_across_the_service():
+    limiter = tfreplay.SampleToInsertRatio(2.0, 20, (20.0, 100.0), insert_timeout=0, sample_timeout=0)
+    with pytest.raises(ValueError, match=r"the rate limiter's error range \(max_diff - min_diff = 80\) must be"):
+        distributed.start_service(
+            tfreplay.PyUniformReplayBuffer, SPEC, 100, rate_limiter=limiter, client_options={"send_batch_size": 64}
+        )
+    rb = distributed.start_service(
+        tfreplay.PyUniformReplayBuffer, SPEC, 100, rate_limiter=limiter, client_options={"send_batch_size": 5}
+    )
+    try:
+        other = distributed.ReplayClient(rb.shards, collector_id=1, send_batch_size=5)
+        for start in range(0, 20, 5):  # round robin here, one shard there: the limiter counts both clients
+            rb.add_batch(rows(np.arange(start, start + 5)))
+            if start == 5:
+                assert rb.num_frames() == 15
+                with pytest.raises(tfreplay.RateLimitTimeoutError, match=r"get_next: the rate limiter would wait"):
+                    rb.get_next(4)  # fewer than min_size_to_sample (20) items
+            other.add_batch(rows(np.arange(100 + start, 105 + start)))
+        other.flush()
+        assert rb.num_frames() == 40
+        rb.get_next(20)  # error = 40 inserts * 2 - 0 samples = 80; 80 - 20 >= min_diff (20)
+        rb.get_next(40)
+        with pytest.raises(tfreplay.RateLimitTimeoutError, match=r"would wait to admit 1 samples"):
+            rb.get_next(1)  # 80 - 60 - 1 < 20
+        other.add_batch(rows(np.arange(200, 205)))  # (40 + 5) * 2 - 60 = 30 <= max_diff (100)
+        other.flush()
+        rb.get_next(10)
+        info = rb.stats()["rate_limiter"]
+        assert (info["inserts"], info["samples"], info["pending_inserts"]) == (45, 70, 0)
+        with pytest.raises(tfreplay.RateLimitTimeoutError, match=r"add_batch: the rate limiter would wait"):
+            for start in range(0, 45, 5):  # (45 + 40) * 2 - 70 = 100 fits; the ninth send of 5 rows does not
+                other.add_batch(rows(np.arange(300 + start, 305 + start)))
+            other.flush()
+        assert rb.stats()["rate_limiter"]["inserts"] == 85
+        rb.clear()
+        assert rb.stats()["rate_limiter"]["inserts"] == 0
+    finally:
+        rb.close()

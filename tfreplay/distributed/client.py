@@ -31,6 +31,7 @@ import tensorflow as tf
 from tfreplay.core import specs
 from tfreplay.core.api import ReplayBuffer
 from tfreplay.core.buffer import check_priorities
+from tfreplay.core.rate_limiter import BufferClosedError
 from tfreplay.core.specs import Nest
 from tfreplay.distributed import ids as service_ids
 from tfreplay.distributed.sampling import Sampling
@@ -45,11 +46,13 @@ class Shards:
     Args:
       actors: the shard actor handles, shard `i` at index `i`.
       description: `Shard.describe()` of the shards (all alike).
+      limiter: the service's `ServiceLimiter` actor, or None.
     """
 
-    def __init__(self, actors: list, description: dict):
+    def __init__(self, actors: list, description: dict, limiter: Any = None):
         self.actors = list(actors)
         self.description = description
+        self.limiter = limiter
 
     def __len__(self) -> int:
         return len(self.actors)
@@ -174,7 +177,9 @@ class ReplayClient(Sampling, ReplayBuffer):
                 [np.full(c, np.nan) if p is None else p for p, c in zip(given, pending["calls"])]
             )
             priorities = np.where(np.isnan(priorities), np.nanmax(priorities), priorities)
-        args = (leaves, pending["calls"], self._seen[shard], priorities)
+        limiter = self.shards.limiter
+        admitted = None if limiter is None else limiter.admit.remote("insert", sum(pending["calls"]))
+        args = (leaves, pending["calls"], self._seen[shard], priorities, admitted)
         self._in_flight.append(("add", shard, self.shards.actors[shard].add.remote(*args), args))
         while len(self._in_flight) > self._max_in_flight:
             self._settle(self._in_flight.popleft())
@@ -198,9 +203,11 @@ class ReplayClient(Sampling, ReplayBuffer):
         while True:
             try:
                 return ray.get(ref)
+            except ray.exceptions.RayTaskError as err:  # what the shard or the limiter raised, as it was raised
+                raise (err.cause if isinstance(err.cause, Exception) else err) from None
             except _RETRIED:
                 if self._closed and self._owner:
-                    raise RuntimeError(f"{method}: the replay client is closed; its shards are stopped.") from None
+                    raise BufferClosedError(f"{method}: the replay client is closed; its shards are stopped.") from None
                 if time.monotonic() > deadline:
                     raise
                 _log.warning("shard %d is down; resending %s", shard, method)
@@ -237,7 +244,9 @@ class ReplayClient(Sampling, ReplayBuffer):
         self.flush(updates=True)
         shards = [self._call(k, "info", self._seen[k]) for k in range(self.num_shards)]
         total = lambda key: sum(s[key] for s in shards)  # noqa: E731
+        limiter = self.shards.limiter
         return {
+            "rate_limiter": None if limiter is None else ray.get(limiter.info.remote()),
             "shards": shards,
             "lost": total("lost"),
             "restarts": total("epoch"),
@@ -310,6 +319,8 @@ class ReplayClient(Sampling, ReplayBuffer):
         self.flush()
         self._call_all("clear")
         self._masses.clear()
+        if self.shards.limiter is not None:
+            ray.get(self.shards.limiter.reset.remote())
 
     def close(self) -> None:
         """Sends what is pending; the owning client also stops the shards (and their checkpoint threads)."""
@@ -320,6 +331,9 @@ class ReplayClient(Sampling, ReplayBuffer):
         finally:
             self._closed = True
             if self._owner:
+                if self.shards.limiter is not None:  # wakes every admission still waiting
+                    ray.get(self.shards.limiter.close.remote())
+                    ray.kill(self.shards.limiter, no_restart=True)
                 stops = [actor.stop.remote() for actor in self.shards.actors]
                 ray.wait(stops, num_returns=len(stops), timeout=30)
                 for actor in self.shards.actors:
@@ -328,7 +342,7 @@ class ReplayClient(Sampling, ReplayBuffer):
 
     def _check_open(self, where: str) -> None:
         if self._closed:
-            raise RuntimeError(f"{where}: the replay client is closed; start a new service or client.")
+            raise BufferClosedError(f"{where}: the replay client is closed (close() was called); nothing was done.")
 
     def __enter__(self) -> ReplayClient:
         return self

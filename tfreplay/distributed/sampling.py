@@ -52,9 +52,14 @@ class Sampling:
         if weights.sum() <= 0:
             raise ValueError(self._empty_message("get_next", num_steps))
         counts = self._rng.multinomial(size, weights / weights.sum())
+        limiter = self.shards.limiter
+        admitted = None if limiter is None else limiter.admit.remote("sample", size)
         refs = {}
         for k, actor in enumerate(self.shards.actors):
-            refs[k] = actor.sample.remote(int(counts[k]), num_steps) if counts[k] else actor.mass.remote(num_steps)
+            if counts[k]:
+                refs[k] = actor.sample.remote(int(counts[k]), num_steps, admitted)
+            else:
+                refs[k] = actor.mass.remote(num_steps)
         return size, num_steps, weights, counts, refs
 
     def _collect(self, request: tuple) -> tuple | None:
@@ -65,7 +70,7 @@ class Sampling:
             if not counts[k]:
                 self._masses.setdefault(num_steps, weights.copy())[k] = self._get(ref, k, "mass", (num_steps,))
                 continue
-            leaves, bids, probs, mass, epoch = self._get(ref, k, "sample", (int(counts[k]), num_steps))
+            leaves, bids, probs, mass, epoch = self._get(ref, k, "sample", (int(counts[k]), num_steps, None))
             self._masses.setdefault(num_steps, weights.copy())[k] = mass
             self._note_epoch(k, epoch)
             if not leaves:
@@ -73,7 +78,9 @@ class Sampling:
                 continue
             share = weights[k] / weights.sum()
             parts.append((leaves, service_ids.encode(bids, k, epoch), (probs * share).astype(np.float32)))
-        if empty:
+        if empty:  # the whole request is drawn again: its samples are given back to the limiter
+            if self.shards.limiter is not None:
+                self.shards.limiter.settle.remote("sample", size, False)
             return None
         order = self._rng.permutation(size)
         leaves = [np.concatenate(column)[order] for column in zip(*[p[0] for p in parts])]

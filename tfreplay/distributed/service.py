@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import tempfile
+import uuid
 from typing import Any
 
 import ray
 
 from tfreplay.distributed import ids
 from tfreplay.distributed.client import ReplayClient, Shards
+from tfreplay.distributed.limiter import ServiceLimiter, limiter_config
 from tfreplay.distributed.shard import BUFFER_CLASSES, Shard
 
 
@@ -22,6 +24,7 @@ def start_service(
     max_restarts: int = -1,
     actor_options: dict | None = None,
     client_options: dict | None = None,
+    rate_limiter: Any = None,
     **kwargs: Any,
 ) -> ReplayClient:
     """Starts a sharded replay service on the connected Ray cluster; returns the client that owns it.
@@ -45,6 +48,9 @@ def start_service(
         `num_cpus=0`: shards are mostly idle between calls); e.g.
         `{"num_cpus": 1, "memory": 8 << 30}` on a cluster.
       client_options: keywords of the owning `ReplayClient`.
+      rate_limiter: a `MinSize` or `SampleToInsertRatio` for the whole
+        service (not per shard): one limiter actor admits every client's
+        sends and sample requests (see `limiter.py`).
 
     Raises:
       ValueError, TypeError: bad arguments, checked here by building one
@@ -62,7 +68,15 @@ def start_service(
     seed = kwargs.get("seed")
     probe = BUFFER_CLASSES[name](*args, **kwargs)
     description = Shard.describe_buffer(probe, kwargs.get("batch_size") is not None)
-    del probe
+    config = None if rate_limiter is None else limiter_config(rate_limiter)
+    client_options = {"seed": seed, **(client_options or {})}
+    limiter, limiter_name = None, None
+    if config is not None:
+        insert_size = client_options.get("send_batch_size", 64)
+        ServiceLimiter(config, probe.capacity * num_shards, insert_size)  # refuses a rule these sizes cannot meet
+        limiter_name = f"tfreplay-limiter-{uuid.uuid4().hex}"  # shards look it up by name: no handle to restore
+        remote_limiter = ray.remote(ServiceLimiter).options(num_cpus=0, max_concurrency=1000, name=limiter_name)
+        limiter = remote_limiter.remote(config, probe.capacity * num_shards, insert_size)
     state_dir = checkpoint_dir or tempfile.mkdtemp(prefix="tfreplay-service-")
     options = {"num_cpus": 0, **(actor_options or {})}
     remote = ray.remote(Shard).options(max_restarts=max_restarts, max_task_retries=-1, **options)
@@ -70,7 +84,6 @@ def start_service(
     for i in range(num_shards):
         shard_kwargs = dict(kwargs, seed=None if seed is None else seed + i)
         interval = checkpoint_interval if checkpoint_dir else None
-        actors.append(remote.remote(i, name, args, shard_kwargs, state_dir, interval, resume))
+        actors.append(remote.remote(i, name, args, shard_kwargs, state_dir, interval, resume, limiter=limiter_name))
     ray.get([actor.num_frames.remote() for actor in actors])  # every shard is up (or failed) before we return
-    options = {"seed": seed, **(client_options or {})}
-    return ReplayClient(Shards(actors, description), owner=True, **options)
+    return ReplayClient(Shards(actors, description, limiter), owner=True, **client_options)

@@ -73,6 +73,7 @@ class Shard:
       resume: on the first start, reload a checkpoint left in `state_dir`
         (a restart always reloads; a fresh start otherwise wipes the folder).
       restarted: whether Ray restarted this actor (read from Ray when None).
+      limiter: the name of the service's `ServiceLimiter` actor: told of every insert written.
     """
 
     def __init__(
@@ -85,8 +86,9 @@ class Shard:
         checkpoint_interval: float | None,
         resume: bool = False,
         restarted: bool | None = None,
+        limiter: str | None = None,
     ):
-        self._index = index
+        self._index, self._limiter_name = index, limiter
         self._buffer = BUFFER_CLASSES[kind](*args, **kwargs)
         self._lockstep = kwargs.get("batch_size") is not None
         self._lock = threading.RLock()
@@ -132,11 +134,24 @@ class Shard:
             "prioritized": isinstance(b, buffers.PyPrioritizedReplayBuffer),
         }
 
-    def add(self, leaves: list, calls: list, claim: tuple, priorities: Any = None) -> tuple:
+    def add(self, leaves: list, calls: list, claim: tuple, priorities: Any = None, admitted: Any = None) -> tuple:
         """Adds rows as `len(calls)` `add_batch` calls of `calls[i]` rows; `(epoch, accepted, lost)`.
 
         `priorities` (prioritized shards): one per row, set on the new items at once (Ape-X).
+        `admitted`: the limiter's admission (Ray ran this call once it was given); the rows are settled here.
         """
+        ok = False
+        try:
+            result = self._add(leaves, calls, claim, priorities)
+            ok = True
+            return result
+        finally:
+            if self._limiter_name is not None and admitted is not None:
+                import ray
+
+                ray.get_actor(self._limiter_name).settle.remote("insert", sum(calls), ok)
+
+    def _add(self, leaves: list, calls: list, claim: tuple, priorities: Any) -> tuple:
         with self._lock:
             self._note_claim(claim)
             start = 0
@@ -151,7 +166,7 @@ class Shard:
             self._since_clear += start
             return self._epoch, self._accepted, self.lost()
 
-    def sample(self, size: int, num_steps: int | None) -> tuple:
+    def sample(self, size: int, num_steps: int | None, admitted: Any = None) -> tuple:
         """`(leaves, buffer ids, probabilities in this shard, mass, epoch)`; no leaves when nothing can be drawn."""
         mass = float(self._buffer.sampling_mass(num_steps))
         if mass <= 0:
