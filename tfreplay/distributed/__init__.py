@@ -11,9 +11,10 @@
     ds = rb.as_dataset(64, num_parallel_calls=4)   # 4 requests in flight, prefetched
     rb.close()
 
-Needs the `ray` extra (`pip install tfreplay[ray]`); `import tfreplay` never
-imports Ray. `collectors.py` runs drivers in Ray actors that pull policy
-weights from a `WeightStore`.
+`rate_limiter=` (a `SampleToInsertRatio` or `MinSize`) limits the whole
+service at once (`limiter.py`). `collectors.py` runs drivers in Ray actors
+that pull policy weights from a `WeightStore`. Needs the `ray` extra
+(`pip install tfreplay[ray]`); `import tfreplay` never imports Ray.
 """
 
 try:
