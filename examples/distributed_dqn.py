@@ -9,8 +9,9 @@ epsilon-greedy copy of the Q-network (Ape-X epsilons, `0.4 ** (1 + 7 i / (N-1))`
 and pull the learner's weights every `--pull_every` steps; their transitions
 go to `num_shards` shard actors (`tfreplay.distributed`), collector `i` to
 shard `i % num_shards`. The learner (this process) reads
-`as_dataset(128, num_parallel_calls=4)` and trains about one step per
-collected transition. With `--apex`, shards are prioritized, collectors
+`as_dataset(128, num_parallel_calls=4)`; one rate limiter over the service
+(`SampleToInsertRatio(128 * train_ratio, 1000, ...)`) keeps about
+`--train_ratio` train steps per collected transition. With `--apex`, shards are prioritized, collectors
 compute each transition's initial priority from their own network's TD
 error, and the learner sends `|TD error|` back after each step.
 """
@@ -43,19 +44,20 @@ flags.DEFINE_integer("num_shards", 2, "Replay shard actors.")
 flags.DEFINE_boolean("apex", False, "Distributed prioritized replay (Ape-X): collectors compute initial priorities.")
 flags.DEFINE_string("address", None, "Ray cluster address (e.g. auto, or host:6379); default: a local Ray on loopback.")
 flags.DEFINE_string("env_id", "CartPole-v1", "Gymnasium environment id (discrete actions).")
-flags.DEFINE_integer("steps", 150_000, "Environment steps to collect over all collectors.")
+flags.DEFINE_integer("steps", 150_000, "Environment steps to collect over all collectors (at most).")
 flags.DEFINE_integer("num_envs", 2, "Environments per collector.")
 flags.DEFINE_integer("buffer_size", 50_000, "Replay capacity over all shards.")
 flags.DEFINE_integer("batch_size", 128, "Transitions per train step.")
 flags.DEFINE_float("train_ratio", 1.0, "Train steps per collected transition.")
 flags.DEFINE_integer("pull_every", 200, "Env steps between a collector's weight pulls.")
 flags.DEFINE_integer("publish_every", 200, "Train steps between weight publications.")
-flags.DEFINE_integer("eval_interval", 10_000, "Env steps between greedy evaluations (early stop at the threshold).")
+flags.DEFINE_integer("eval_interval", 5_000, "Train steps between greedy evaluations (early stop at the threshold).")
 flags.DEFINE_string("checkpoint_dir", None, "Shard checkpoints go here (default: none).")
 flags.DEFINE_integer("seed", 0, "Seed of networks, environments and sampling.")
 FLAGS = flags.FLAGS
 _FC = (256, 256)
 _CHUNK = 500  # env steps per collector run() call
+_SEND_ROWS = 16  # rows per send to a shard
 
 
 class ActorPolicy:
@@ -102,7 +104,8 @@ def _connect() -> None:
 
 
 class Learner:
-    """The learner's loop: collectors run in chunks while it trains and publishes weights."""
+    """The learner's loop. One rate limiter over the service keeps about `train_ratio` train steps per
+    collected transition: collectors wait when the learner is behind, the learner when it is ahead."""
 
     def __init__(self) -> None:
         env = make_vector_env(FLAGS.env_id, FLAGS.num_envs)
@@ -112,9 +115,13 @@ class Learner:
         env.close()
         buffer = tfreplay.PyPrioritizedReplayBuffer if FLAGS.apex else tfreplay.PyUniformReplayBuffer
         length = FLAGS.buffer_size // (FLAGS.num_shards * FLAGS.num_envs)
+        spi = FLAGS.batch_size * FLAGS.train_ratio  # samples per inserted transition
+        room = FLAGS.batch_size + spi * _SEND_ROWS  # a sample request plus a collector's send must fit the range
+        limiter = tfreplay.SampleToInsertRatio(spi, 1_000, 4 * room)
         self.rb = distributed.start_service(
             buffer, spec, num_shards=FLAGS.num_shards, batch_size=FLAGS.num_envs, max_length=length,
-            seed=FLAGS.seed, checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_interval=30.0,
+            seed=FLAGS.seed, checkpoint_dir=FLAGS.checkpoint_dir, checkpoint_interval=30.0, rate_limiter=limiter,
+            client_options={"send_batch_size": _SEND_ROWS},
         )  # fmt: skip
         net = make_q_network(spec.observation, num_actions, _FC, FLAGS.seed)
         self.agent = DqnAgent(
@@ -128,27 +135,22 @@ class Learner:
             functools.partial(ActorPolicy, num_collectors=FLAGS.num_collectors, seed=FLAGS.seed),
             weights=self.store, pull_every=FLAGS.pull_every, seed=FLAGS.seed,
             priority_fn=initial_priorities if FLAGS.apex else None,
+            client_options={"send_batch_size": _SEND_ROWS},
         )  # fmt: skip
-        self.env_steps = self.requested = self.train_steps = 0
+        self.env_steps = self.train_steps = 0
         self.best = (-np.inf, self.agent.q_network.get_weights())
-        self.running: dict = {}
-        self.returns: list = []
+        self.running = {c.run.remote(_CHUNK): c for c in self.collectors}
 
-    def _launch(self, collector: Any) -> None:
-        if self.requested < FLAGS.steps:
-            self.running[collector.run.remote(_CHUNK)] = collector
-            self.requested += _CHUNK
-
-    def _harvest(self, timeout: float) -> None:
-        done, _ = ray.wait(list(self.running), num_returns=1, timeout=timeout)
+    def _harvest(self) -> None:
+        done, _ = ray.wait(list(self.running), num_returns=len(self.running), timeout=0)
         for ref in done:
             collector = self.running.pop(ref)
-            self.returns.append(ray.get(ref)["average_return"])
+            ray.get(ref)
             self.env_steps += _CHUNK
-            self._launch(collector)
+            self.running[collector.run.remote(_CHUNK)] = collector
 
-    def _train(self, experience: Any) -> float:
-        loss = self.agent.train(experience).loss
+    def _train(self, experience: Any) -> None:
+        self.agent.train(experience)
         self.train_steps += 1
         if FLAGS.apex:
             items, info = experience
@@ -156,7 +158,6 @@ class Learner:
             self.rb.update_priorities(info.ids, errors, wait=False)
         if self.train_steps % FLAGS.publish_every == 0:
             self.store.set.remote(self.agent.q_network.get_weights(), self.train_steps)
-        return float(loss)
 
     def _evaluate(self) -> bool:
         returns = evaluate(FLAGS.env_id, self.agent.policy(), num_episodes=10, seed=FLAGS.seed + 10_000)
@@ -167,25 +168,17 @@ class Learner:
         return self.threshold is not None and mean >= self.threshold
 
     def loop(self) -> None:
-        for collector in self.collectors:
-            self._launch(collector)
-        while self.rb.num_frames() < 2 * FLAGS.batch_size:
-            self._harvest(timeout=1.0)
+        """Trains until `--steps` transitions were collected or an evaluation reaches the env's threshold."""
         experience = iter(self.rb.as_dataset(FLAGS.batch_size, num_parallel_calls=4))
-        next_eval = FLAGS.eval_interval
-        while self.running or self.train_steps < FLAGS.train_ratio * self.env_steps:
-            if self.train_steps < FLAGS.train_ratio * self.env_steps:
-                self._train(next(experience))
-                self._harvest(timeout=0)
-            else:
-                self._harvest(timeout=None)
-            if self.env_steps >= next_eval:
-                next_eval += FLAGS.eval_interval
-                if self._evaluate():
-                    break
+        while self.env_steps < FLAGS.steps:
+            self._train(next(experience))  # waits for the limiter: 1,000 transitions first, then the ratio
+            self._harvest()
+            if self.train_steps % FLAGS.eval_interval == 0 and self._evaluate():
+                break
 
     def close(self) -> None:
-        ray.get([c.close.remote() for c in self.collectors])
+        for collector in self.collectors:  # collectors may be waiting for the limiter: stop them, then the service
+            ray.kill(collector)
         self.rb.close()
 
 

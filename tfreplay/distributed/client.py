@@ -103,6 +103,7 @@ class ReplayClient(Sampling, ReplayBuffer):
         self._updates: collections.deque = collections.deque()  # priority updates sent with wait=False
         self._seen = [(0, 0)] * len(shards)  # per shard: the newest (epoch, accepted) acknowledged
         self._masses: dict[Any, np.ndarray] = {}
+        self._admissions: dict[str, Any] = {}  # the last rate-limiter admission per side
         self._closed = False
         self.stale_updates = 0
         # add_batch and flush may run in the learner's thread while as_dataset's generator flushes in tf.data's.
@@ -177,8 +178,7 @@ class ReplayClient(Sampling, ReplayBuffer):
                 [np.full(c, np.nan) if p is None else p for p, c in zip(given, pending["calls"])]
             )
             priorities = np.where(np.isnan(priorities), np.nanmax(priorities), priorities)
-        limiter = self.shards.limiter
-        admitted = None if limiter is None else limiter.admit.remote("insert", sum(pending["calls"]))
+        admitted = self._admit("insert", sum(pending["calls"]))
         args = (leaves, pending["calls"], self._seen[shard], priorities, admitted)
         self._in_flight.append(("add", shard, self.shards.actors[shard].add.remote(*args), args))
         while len(self._in_flight) > self._max_in_flight:
@@ -195,6 +195,15 @@ class ReplayClient(Sampling, ReplayBuffer):
         if epoch == self._seen[shard][0]:
             self._seen[shard] = (epoch, max(accepted, self._seen[shard][1]))
 
+    def _admit(self, side: str, n: int) -> Any:
+        """The limiter's admission of `n` inserts or samples (an ObjectRef), chained after this client's last."""
+        limiter = self.shards.limiter
+        if limiter is None:
+            return None
+        ref = limiter.admit.remote(side, n, self._admissions.get(side))
+        self._admissions[side] = ref
+        return ref
+
     # Calls and faults.
     def _get(self, ref: Any, shard: int, method: str, args: tuple) -> Any:
         """`ray.get(ref)`; on an actor error, resends `method(*args)` to the shard until `retry_timeout`."""
@@ -204,6 +213,7 @@ class ReplayClient(Sampling, ReplayBuffer):
             try:
                 return ray.get(ref)
             except ray.exceptions.RayTaskError as err:  # what the shard or the limiter raised, as it was raised
+                self._admissions.clear()  # a failed admission must not fail the next ones of the chain
                 raise (err.cause if isinstance(err.cause, Exception) else err) from None
             except _RETRIED:
                 if self._closed and self._owner:

@@ -7,7 +7,8 @@ to admit each send of rows, or each sample request, *as a task*: the
 admission's ObjectRef is an argument of the shard call, so Ray runs the
 call once the limiter admitted it, and the client never blocks on an extra
 round trip; only `max_in_flight` admissions wait at once, which is what
-holds a collector back. The shard settles an insert once its rows are
+holds a collector back. A client's admissions are chained (each waits for
+its previous one), so they are given in the order of its calls. The shard settles an insert once its rows are
 written; a sample request a shard could not serve is given back. Waiting
 happens in the actor's threads (`max_concurrency`), so one waiting call
 does not hold up the others.
@@ -56,8 +57,14 @@ class ServiceLimiter:
         self._limiter = RateLimiter(**config)
         self._limiter._bind("replay service", capacity, insert_size)
 
-    def admit(self, side: str, n: int) -> bool:
-        """Waits until `n` inserts or samples may go (raises on timeout or close)."""
+    def admit(self, side: str, n: int, after: Any = None) -> bool:
+        """Waits until `n` inserts or samples may go (raises on timeout or close).
+
+        `after` is the client's previous admission on that side: Ray runs this one once that one is
+        given, so a client's admissions come in the order of its calls. (Out of order, a later send
+        could hold the room its earlier send waits for, while the shard runs that client's calls in
+        order: neither would ever run.)
+        """
         timeout = self._limiter.insert_timeout if side == "insert" else self._limiter.sample_timeout
         return self._limiter._admit(_WHERE[side], side, int(n), timeout)
 

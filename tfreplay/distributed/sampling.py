@@ -15,6 +15,7 @@ import collections
 from typing import Any
 
 import numpy as np
+import ray
 import tensorflow as tf
 
 from tfreplay.core.api import BufferInfo
@@ -35,6 +36,8 @@ class Sampling:
     _get: Any
     _call_all: Any
     _note_epoch: Any
+    _admit: Any
+    _admissions: dict
     flush: Any
     _check_open: Any
 
@@ -46,14 +49,23 @@ class Sampling:
     def _request(self, size: int, num_steps: int | None, refresh: bool = False) -> tuple:
         """Sends one sample request: `size` draws split over shards in proportion to their weights."""
         self.flush()
+        limiter = self.shards.limiter
+        admitted = self._admit("sample", size)
         weights = self._weights(num_steps, refresh).copy()
         if weights.sum() <= 0 and not refresh:
             weights = self._weights(num_steps, True).copy()
+        if weights.sum() <= 0 and admitted is not None:  # as a limited buffer: wait for admission, not "empty"
+            try:
+                _admission(admitted)
+            except Exception:
+                self._admissions.clear()  # a failed admission must not fail the next ones of the chain
+                raise
+            weights = self._weights(num_steps, True).copy()
         if weights.sum() <= 0:
+            if admitted is not None:
+                limiter.settle.remote("sample", size, False)
             raise ValueError(self._empty_message("get_next", num_steps))
         counts = self._rng.multinomial(size, weights / weights.sum())
-        limiter = self.shards.limiter
-        admitted = None if limiter is None else limiter.admit.remote("sample", size)
         refs = {}
         for k, actor in enumerate(self.shards.actors):
             if counts[k]:
@@ -174,3 +186,11 @@ class Sampling:
         n = num_steps or 1
         what = "the service is empty" if n == 1 else f"no shard holds {n} consecutive items yet (num_steps={n})"
         return f"{where}: {what}; add items before sampling."
+
+
+def _admission(ref: Any) -> None:
+    """Waits for a limiter's admission; raises what the limiter raised (timeout, closed)."""
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        raise (err.cause if isinstance(err.cause, Exception) else err) from None
