@@ -131,9 +131,9 @@ def chi_square_p(values: np.ndarray, expected: dict) -> float:
 
 
 @ray.remote(num_cpus=0)
-def collect(shards, collector_id, num_batches, batch, round_robin):
+def collect(shards, collector_id, num_batches, batch, round_robin, max_in_flight=2):
     client = distributed.ReplayClient(
-        shards, collector_id=None if round_robin else collector_id, send_batch_size=7, max_in_flight=2
+        shards, collector_id=None if round_robin else collector_id, send_batch_size=7, max_in_flight=max_in_flight
     )
     base = collector_id * 1_000_000
     for b in range(num_batches):
@@ -367,5 +367,28 @@ def test_one_rate_limiter_holds_samples_per_insert_across_the_service():
         assert rb.stats()["rate_limiter"]["inserts"] == 85
         rb.clear()
         assert rb.stats()["rate_limiter"]["inserts"] == 0
+    finally:
+        rb.close()
+
+
+@pytest.mark.slow
+@on_ray
+def test_limited_collectors_and_learner_wait_for_each_other_without_deadlock():
+    # Four collectors keep four sends in flight each: their admissions must come in order, or a later send
+    # holds the room an earlier one waits for while the shard runs the collector's calls in order.
+    limiter = tfreplay.SampleToInsertRatio(8.0, 50, 160.0, sample_timeout=60)
+    rb = distributed.start_service(
+        tfreplay.PyUniformReplayBuffer, SPEC, 2000, rate_limiter=limiter, client_options={"send_batch_size": 10}
+    )
+    try:
+        tasks = [collect.remote(rb.shards, i, 60, 5, round_robin=False, max_in_flight=4) for i in range(4)]
+        elements = iter(rb.as_dataset(8, num_parallel_calls=4))
+        # min_diff = 50 * 8 - 160 = 240, max_diff = 560: the last insert needs 1200 * 8 - 560 = 9,040 samples
+        # admitted; 1,200 inserts admit at most 1200 * 8 - 240 = 9,360 (with the dataset's read-ahead).
+        for _ in range(1140):  # 9,120 samples
+            next(elements)
+        assert sum(ray.get(tasks, timeout=60)) == 1200
+        info = rb.stats()["rate_limiter"]
+        assert info["inserts"] == 1200 and info["pending_inserts"] == 0 and 9120 <= info["samples"] <= 9360
     finally:
         rb.close()
