@@ -366,7 +366,8 @@ def _wait_dead(actors: list, deadline: float) -> None:
     for actor in actors:
         while time.monotonic() < deadline:
             try:
-                ray.get(actor.num_frames.remote(), timeout=max(deadline - time.monotonic(), 0.01))
+                ping = actor.num_frames.options(max_task_retries=0).remote()  # not resent to a dead shard
+                ray.get(ping, timeout=max(deadline - time.monotonic(), 0.01))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 break
             time.sleep(0.05)
