@@ -6,13 +6,28 @@ any seed), report exactly that probability, never draw priority 0, and
 ignore updates for items overwritten since.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SPEC, decode, make_items
+from helpers import FRAME, SPEC, Reference, decode, make_items, make_stream, row
 from scipy import stats
 
-from tfreplay.buffers import PyPrioritizedReplayBuffer, TFPrioritizedReplayBuffer, importance_weights
+from tfreplay import native
+from tfreplay.buffers import (
+    Prioritized,
+    PyPrioritizedFrameReplayBuffer,
+    PyPrioritizedReplayBuffer,
+    TFPrioritizedFrameReplayBuffer,
+    TFPrioritizedReplayBuffer,
+    importance_weights,
+    rows_storage,
+)
+from tfreplay.core.samplers.prioritized import PrioritizedSampler
+from tfreplay.core.storage import frame_data_spec
+from tfreplay.core.twin_py import PyBuffer
+from tfreplay.core.twin_tf import TFBuffer
 
 CLASSES = {"tf": TFPrioritizedReplayBuffer, "py": PyPrioritizedReplayBuffer}
 B, L, ALPHA = 2, 6, 0.7
@@ -130,3 +145,146 @@ def test_importance_weights_follow_the_formula():
     got = importance_weights(probs, 8, beta=0.5).numpy()
     raw = (8 * probs) ** -0.5
     np.testing.assert_allclose(got, raw / raw.max(), rtol=1e-6)
+
+
+# --- windows that cannot be drawn -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_draws_that_keep_landing_on_young_rows_come_from_the_exact_scan(kind):
+    """Almost all the mass on rows that cannot start a window: rejection keeps missing, the exact scan draws."""
+    rb = filled(kind, steps=3)  # windows of 3: only ids 0 and 1 can start one
+    rb.update_priorities(live_ids(3), np.array([1e-4, 3e-4, 1e4, 1e4, 1e4, 1e4]))
+    items, info = rb.get_next(sample_batch_size=4000, num_steps=3)
+    first = decode(items)[:, 0]
+    assert set(first.tolist()) <= {0, 1}
+    weights = np.array([1e-4, 3e-4]) ** ALPHA
+    counts = np.array([np.sum(first == 0), np.sum(first == 1)])
+    assert stats.chisquare(counts, weights / weights.sum() * len(first)).pvalue > 1e-6
+    np.testing.assert_allclose(np.asarray(info.probabilities), (weights / weights.sum())[first], rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_all_priorities_zero_is_an_empty_buffer(kind):
+    rb = filled(kind, steps=2)
+    rb.update_priorities(live_ids(2), np.zeros(4))
+    with pytest.raises(ValueError, match="get_next: the buffer is empty"):
+        rb.get_next(sample_batch_size=3)
+
+
+EPISODE_SPEC = {"id": tf.TensorSpec([], tf.int64), "first": tf.TensorSpec([], tf.bool)}
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_windows_inside_episodes_are_refused_beyond_one_step(kind):
+    rb = CLASSES[kind](EPISODE_SPEC, batch_size=B, max_length=L, within_episodes=True, seed=0)
+    for step in range(4):
+        rb.add_batch({"id": step * B + np.arange(B), "first": np.full(B, step == 0)})
+    refused = r"num_steps \(2\) must be None or 1 when windows stay inside episodes.*padded windows"
+    with pytest.raises(ValueError, match=refused):
+        rb.get_next(sample_batch_size=5, num_steps=2)
+    items, info = rb.get_next(sample_batch_size=5, num_steps=1)  # single items are exact
+    assert set(np.asarray(items["id"]).reshape(-1).tolist()) <= set(range(8))
+
+
+# --- frames -----------------------------------------------------------------------------------
+
+FRAME_CLASSES = {"tf": TFPrioritizedFrameReplayBuffer, "py": PyPrioritizedFrameReplayBuffer}
+
+
+def frame_buffer(kind, seed, max_length=10, history_len=3, length=27):
+    """A prioritized frame buffer fed `length` rows of two streams (so it wrapped), and the reference."""
+    rng = np.random.default_rng(seed)
+    streams = [make_stream(rng, s, length, max_episode=5) for s in range(2)]
+    rb = FRAME_CLASSES[kind](
+        frame_data_spec(FRAME), batch_size=2, max_length=max_length, history_len=history_len, alpha=ALPHA, seed=seed
+    )
+    for i in range(length):
+        rb.add_batch(row(streams, i))
+    return rb, Reference(streams, max_length, history_len), rng
+
+
+@pytest.mark.parametrize("kind", sorted(FRAME_CLASSES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_frame_transitions_follow_the_priorities_exactly(kind, seed):
+    """Every live id is given a priority, first frames and transitions whose history is gone included: only
+    valid transitions are drawn, each with priority**alpha over the sum over valid transitions."""
+    rb, ref, rng = frame_buffer(kind, seed)
+    live = np.arange((27 - 10) * 2, 27 * 2)
+    new = rng.uniform(0.2, 5.0, len(live))
+    valid = sorted(ref.valid())
+    new[live == valid[0]] = 0.0  # never drawn
+    rb.update_priorities(live, new)
+    priority = dict(zip(live.tolist(), new.tolist()))
+    weights = np.array([priority[i] ** ALPHA for i in valid])
+    probs = weights / weights.sum()
+    items, info = rb.get_next(sample_batch_size=8000)
+    ids = np.asarray(info.ids)
+    ref.check(tf.nest.map_structure(np.asarray, items), ids)
+    assert set(ids.tolist()) <= set(valid) and valid[0] not in ids
+    counts = np.array([np.sum(ids == i) for i in valid])
+    keep = probs > 0
+    assert stats.chisquare(counts[keep], probs[keep] * len(ids)).pvalue > 1e-6
+    lookup = dict(zip(valid, probs))
+    np.testing.assert_allclose(np.asarray(info.probabilities), [lookup[i] for i in ids], rtol=1e-5)
+    assert int(rb.num_transitions()) == len(valid)
+
+
+@pytest.mark.parametrize("kind", sorted(FRAME_CLASSES))
+def test_frame_windows_are_refused_beyond_one_step(kind):
+    rb, _, _ = frame_buffer(kind, 0)
+    with pytest.raises(ValueError, match=r"num_steps \(2\) must be None or 1 when windows stay inside episodes"):
+        rb.get_next(sample_batch_size=4, num_steps=2)
+
+
+# --- the native sum tree against the array-op fallback -------------------------------------
+
+
+class TFAssembled(Prioritized, TFBuffer):
+    pass
+
+
+class PyAssembled(Prioritized, PyBuffer):
+    pass
+
+
+def assembled(kind, use_native, seed=5):
+    """`TFPrioritizedReplayBuffer` / `PyPrioritizedReplayBuffer` assembled with the compiled sum tree on or off."""
+    sampler = PrioritizedSampler(ALPHA, use_native=use_native)
+    if kind == "tf":
+        return TFAssembled(SPEC, B, L, rows_storage, sampler, None, scope="per", device="cpu:*", seed=seed)
+    return PyAssembled(SPEC, rows_storage, sampler, None, batch_size=B, max_length=L, seed=seed, name="per")
+
+
+def sum_tree_of(rb, tmp_path) -> np.ndarray:
+    """The sum tree as checkpointed (the only place it shows)."""
+    path = tf.train.Checkpoint(buffer=rb).write(str(tmp_path / f"tree{next(CHECKPOINTS)}"))
+    reader = tf.train.load_checkpoint(path)
+    (key,) = [k for k in reader.get_variable_to_shape_map() if "sum_tree" in k]
+    return reader.get_tensor(key)
+
+
+CHECKPOINTS = itertools.count()
+needs_native = pytest.mark.skipif(
+    native.sum_tree_library() is None or native.sum_tree_ops() is None, reason="no compiled sum tree here"
+)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_native_and_array_op_paths_draw_the_same_and_build_the_same_tree(kind, tmp_path):
+    rng = np.random.default_rng(7)
+    fast, slow = assembled(kind, True), assembled(kind, False)
+    for step in range(L + 3):  # wraps
+        for rb in (fast, slow):
+            rb.add_batch(make_items(step * B + np.arange(B)))
+        ids = rng.integers(0, (step + 1) * B, 5)
+        ids[1] = ids[0]  # a duplicate: the last of its priorities wins on both paths
+        new = rng.uniform(0, 4, 5)
+        stale = [int(rb.update_priorities(ids, new)) for rb in (fast, slow)]
+        assert stale[0] == stale[1]
+        np.testing.assert_array_equal(sum_tree_of(fast, tmp_path), sum_tree_of(slow, tmp_path))
+        for num_steps in (None, 2) if step else (None,):
+            got = [rb.get_next(sample_batch_size=64, num_steps=num_steps, time_stacked=True) for rb in (fast, slow)]
+            np.testing.assert_array_equal(np.asarray(got[0][1].ids), np.asarray(got[1][1].ids))
+            np.testing.assert_array_equal(np.asarray(got[0][1].probabilities), np.asarray(got[1][1].probabilities))
