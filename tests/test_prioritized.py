@@ -7,11 +7,16 @@ ignore updates for items overwritten since.
 """
 
 import itertools
+import pathlib
+import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import FRAME, SPEC, Reference, decode, make_items, make_stream, row
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from scipy import stats
 
 from tfreplay import native
@@ -24,7 +29,9 @@ from tfreplay.buffers import (
     importance_weights,
     rows_storage,
 )
+from tfreplay.core.ops import NUMPY_OPS, TF_OPS
 from tfreplay.core.samplers.prioritized import PrioritizedSampler
+from tfreplay.core.samplers.sum_tree import SumTree
 from tfreplay.core.storage import frame_data_spec
 from tfreplay.core.twin_py import PyBuffer
 from tfreplay.core.twin_tf import TFBuffer
@@ -288,3 +295,137 @@ def test_native_and_array_op_paths_draw_the_same_and_build_the_same_tree(kind, t
             got = [rb.get_next(sample_batch_size=64, num_steps=num_steps, time_stacked=True) for rb in (fast, slow)]
             np.testing.assert_array_equal(np.asarray(got[0][1].ids), np.asarray(got[1][1].ids))
             np.testing.assert_array_equal(np.asarray(got[0][1].probabilities), np.asarray(got[1][1].probabilities))
+
+
+# --- the sum tree against a model, through every add, update and clear -----------------------
+
+
+class SumTreeModel(RuleBasedStateMachine):
+    """Each live item's priority in a dict; after every step the checkpointed tree must hold `p ** alpha` of
+    exactly the live items in its leaves and, in every inner node, the sum of its two children."""
+
+    KIND = "py"
+    _cached: dict = {}
+
+    @initialize()
+    def start(self):
+        if self.KIND not in self._cached:  # one TF buffer per run: each traces its functions once
+            self._cached[self.KIND] = CLASSES[self.KIND](SPEC, batch_size=B, max_length=L, alpha=ALPHA, seed=0)
+        self.rb = self._cached[self.KIND]
+        self.rb.clear()
+        self.steps, self.priority, self.largest = 0, {}, 0.0
+        self.dir = tempfile.mkdtemp()
+
+    @rule(count=st.integers(1, 8))
+    def add(self, count):
+        for _ in range(count):
+            ids = self.steps * B + np.arange(B)
+            self.rb.add_batch(make_items(ids))
+            self.priority.update({int(i): max(self.largest, 1.0) for i in ids})
+            self.steps += 1
+        live = set(live_ids(self.steps).tolist())
+        self.priority = {i: p for i, p in self.priority.items() if i in live}
+
+    @precondition(lambda self: self.steps > 0)
+    @rule(data=st.data())
+    def update(self, data):
+        ids = data.draw(st.lists(st.integers(0, self.steps * B - 1), min_size=1, max_size=10))
+        values = st.one_of(st.sampled_from([0.0, 1.0, 3.0]), st.floats(0.01, 100.0))
+        priorities = data.draw(st.lists(values, min_size=len(ids), max_size=len(ids)))
+        stale = self.rb.update_priorities(np.array(ids, np.int64), np.array(priorities))
+        assert int(stale) == sum(i not in self.priority for i in ids)
+        for i, p in zip(ids, priorities):  # of an id given twice, the last priority wins
+            if i in self.priority:
+                self.priority[i] = p
+                self.largest = max(self.largest, p)
+
+    @rule()
+    def clear(self):
+        self.rb.clear()
+        self.steps, self.priority, self.largest = 0, {}, 0.0
+
+    @invariant()
+    def the_tree_sums_its_live_leaves(self):
+        tree = sum_tree_of(self.rb, pathlib.Path(self.dir))
+        leaves = len(tree) // 2
+        inner = np.arange(1, leaves)
+        np.testing.assert_array_equal(tree[inner], tree[2 * inner] + tree[2 * inner + 1])
+        want = np.zeros(leaves)
+        for i, p in self.priority.items():
+            want[(i // B % L) * B + i % B] = p**ALPHA
+        np.testing.assert_allclose(tree[leaves:], want, rtol=1e-12)
+        np.testing.assert_allclose(tree[1], want.sum(), rtol=1e-12)
+
+    @invariant()
+    def samples_report_their_share(self):
+        total = sum(p**ALPHA for p in self.priority.values())
+        if total == 0:
+            with pytest.raises(ValueError, match="get_next: the buffer is empty"):
+                self.rb.get_next(sample_batch_size=4)
+            return
+        items, info = self.rb.get_next(sample_batch_size=16)
+        ids = decode(items)
+        assert all(self.priority[i] > 0 for i in ids.tolist())
+        want = [self.priority[i] ** ALPHA / total for i in ids.tolist()]
+        np.testing.assert_allclose(np.asarray(info.probabilities), want, rtol=1e-5)
+
+
+MACHINE = settings(
+    max_examples=30,
+    stateful_step_count=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@MACHINE
+class PySumTreeModel(SumTreeModel):
+    KIND = "py"
+
+
+@MACHINE
+class TFSumTreeModel(SumTreeModel):
+    KIND = "tf"
+
+
+TestPySumTree = pytest.mark.slow(PySumTreeModel.TestCase)
+TestTFSumTree = pytest.mark.slow(TFSumTreeModel.TestCase)
+
+
+# --- the two twins' trees: same targets, same rows --------------------------------------------
+
+
+@needs_native
+def test_both_twins_and_both_paths_descend_and_update_alike():
+    """The same sets and targets on a NumPy array and a TF variable, native and array ops: bit-identical trees
+    and the same rows (only the twins' random streams differ, so their samples agree in distribution)."""
+    rng = np.random.default_rng(3)
+    rows = [rng.integers(0, 37, 20) for _ in range(6)]  # duplicates within a set included
+    values = [rng.uniform(0, 5, 20) ** 0.6 for _ in range(6)]
+    got = {}
+    for name, ops, use_native in [
+        ("np", NUMPY_OPS, True),
+        ("np-ops", NUMPY_OPS, False),
+        ("tf", TF_OPS, True),
+        ("tf-ops", TF_OPS, False),
+    ]:
+        is_tf = ops is TF_OPS
+
+        def make(_, shape, dtype, is_tf=is_tf):
+            return tf.Variable(tf.zeros(shape, dtype)) if is_tf else np.zeros(shape, dtype.as_numpy_dtype)
+
+        tree = SumTree(make, 37, use_native)
+        for r, v in zip(rows, values):
+            tree.set(ops, ops.to_int64(r), ops.to_float64(v))
+        array = np.asarray(tree.array)
+        leaves = array[64:]
+        # Stratified targets, plus every leaf's exact left edge (where rounding order would show).
+        edges = np.concatenate([[0.0], np.cumsum(leaves)[:-1]])
+        targets = np.concatenate([np.linspace(0, array[1], 300, endpoint=False), edges])
+        found, mass = tree.descend(ops, ops.to_float64(targets))
+        got[name] = (array, np.asarray(found), np.asarray(mass))
+    for name in ("np-ops", "tf", "tf-ops"):
+        for a, b in zip(got["np"], got[name]):
+            np.testing.assert_array_equal(a, b, err_msg=name)

@@ -91,6 +91,14 @@ class PrioritizedSampler:
         largest = ops.max(ops.where(allowed, priorities, ops.zeros_like(priorities)))
         raised = ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
         stale = ops.sum(ops.to_int64(~live))
+
+        # A stale id may share its row with a live one; it rewrites the row's value, so it goes first: of
+        # duplicate rows the last write wins, and the last live id's priority is the one kept.
+        def stale_first() -> tuple[Any, Any]:
+            order = ops.argsort_stable(ops.to_int32(live))
+            return ops.gather(rows, order), ops.gather(values, order)
+
+        rows, values = ops.cond(stale > 0, stale_first, lambda: (rows, values))
         return self.tree.set(ops, rows, values) + [raised], stale
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
