@@ -33,7 +33,6 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-import numpy as np
 import tensorflow as tf
 
 _KERNELS = pathlib.Path(__file__).with_name("kernels")
@@ -50,13 +49,12 @@ def frame_stack() -> Any:
 
 @tf.autograph.experimental.do_not_convert
 def sum_tree_ops() -> Any:
-    """The module with `tfreplay_sum_tree_descend(tree, targets)` and `tfreplay_sum_tree_set(tree, rows,
-    values)`, or None."""
+    """The module of the sum-tree ops (`kernels/sum_tree_ops.cc`: descend, set, ring draw, ring update), or None."""
     return _once("sum_tree_ops", lambda: _op_library("sum_tree_ops.cc", "the sum-tree kernel", "using TF ops instead"))
 
 
 def sum_tree_library() -> Any:
-    """`tfreplay_sum_tree_descend` / `tfreplay_sum_tree_set` for NumPy arrays (ctypes), or None."""
+    """The same functions for NumPy arrays (ctypes, `kernels/sum_tree.cc`), or None."""
     return _once("sum_tree", _sum_tree_library)
 
 
@@ -96,13 +94,17 @@ def _sum_tree_library() -> Any:
     except OSError as err:
         _log.warning("tfreplay: loading %s failed; %s.\n%s", what, fallback, err)
         return None
-    doubles = np.ctypeslib.ndpointer(np.float64, flags="C_CONTIGUOUS")
-    ints = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
-    size = ctypes.c_int64
-    lib.tfreplay_sum_tree_descend.argtypes = [doubles, size, doubles, size, ints, doubles]
-    lib.tfreplay_sum_tree_set.argtypes = [doubles, size, ints, doubles, size]
-    for fn in (lib.tfreplay_sum_tree_descend, lib.tfreplay_sum_tree_set):
-        fn.restype = None
+    # Arrays go as raw addresses (`array.ctypes.data`): callers pass contiguous arrays of the right dtype.
+    a, n, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_bool  # address, size
+    signatures: dict[str, list[Any]] = {
+        "tfreplay_sum_tree_descend": [a, n, a, n, a, a],
+        "tfreplay_sum_tree_set": [a, n, a, a, n],
+        "tfreplay_ring_draw": [a, n, a, n, n, n, a, n, flag, a, a, a, a],
+        "tfreplay_ring_update": [a, n, a, n, n, a, a, a, n, a],
+    }
+    for name, argtypes in signatures.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
     return lib
 
 

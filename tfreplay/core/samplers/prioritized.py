@@ -79,6 +79,12 @@ class PrioritizedSampler:
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
         """Sets the priorities of live items; returns the updates and how many ids were stale."""
         ops, length, segments = view.ops, view.max_length, view.num_segments
+        if view.window is None:  # ring windows: one native call, where built
+            fused = self.tree.ring_update(ops, view.num_adds, ids, priorities**self.alpha, priorities, length)
+            if fused is not None:
+                updates, stale, largest = fused
+                raised = ops.after(updates, lambda: self._raise(ops, largest))
+                return [raised], stale
         segment, local = ids % segments, ids // segments
         adds = ops.gather(view.num_adds, segment)
         live = (local >= adds - ops.minimum(adds, length)) & (local < adds)
@@ -89,7 +95,7 @@ class PrioritizedSampler:
             allowed = live & (view.pos_at(rows) >= view.window.lead)
         values = ops.where(allowed, priorities**self.alpha, self.tree.leaf(ops, rows))
         largest = ops.max(ops.where(allowed, priorities, ops.zeros_like(priorities)))
-        raised = ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
+        raised = self._raise(ops, largest)
         stale = ops.sum(ops.to_int64(~live))
 
         # A stale id may share its row with a live one; it rewrites the row's value, so it goes first: of
@@ -100,6 +106,10 @@ class PrioritizedSampler:
 
         rows, values = ops.cond(stale > 0, stale_first, lambda: (rows, values))
         return self.tree.set(ops, rows, values) + [raised], stale
+
+    def _raise(self, ops: Any, largest: Any) -> Any:
+        """New items enter at the largest priority given so far."""
+        return ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         ops, n = view.ops, num_steps or 1
@@ -113,11 +123,10 @@ class PrioritizedSampler:
         total = mass - excluded_mass(view, self.tree, n)
         count = ops.to_int64(total > mass * _EMPTY_SHARE)
         # Stratified over all the mass; draws that land on a row that cannot start a window are drawn again.
-        u = (ops.to_float64(ops.arange(size)) + view.uniform([size])) / size * mass
-        segment, t, leaf, ok = self._draw(view, u, n)
+        segment, t, leaf, ok = self._draw(view, view.uniform([size]), mass, n, stratified=True)
 
         def round_(found: Any, segment: Any, t: Any, leaf: Any) -> tuple:
-            seg, start, value, good = self._draw(view, view.uniform([size]) * mass, n)
+            seg, start, value, good = self._draw(view, view.uniform([size]), mass, n, stratified=False)
             take = good & ~found
             return found | good, ops.where(take, seg, segment), ops.where(take, start, t), ops.where(take, value, leaf)
 
@@ -132,9 +141,16 @@ class PrioritizedSampler:
         probs = ops.to_float32(leaf / ops.where(count > 0, total, ops.ones_like(total)))
         return segment, t, probs, count
 
-    def _draw(self, view: View, u: Any, n: int) -> tuple[Any, Any, Any, Any]:
-        """Leaves holding mass `u`: `(segment, local id, leaf value, whether a window starts there)`."""
+    def _draw(self, view: View, uniform: Any, mass: Any, n: int, stratified: bool) -> tuple[Any, Any, Any, Any]:
+        """Leaves at masses `(i + uniform_i) / size * mass` (stratified) or `uniform_i * mass`:
+        `(segment, local id, leaf value, whether a window starts there)`; ring windows in one native call."""
         ops = view.ops
+        if view.window is None:
+            drawn = self.tree.ring_draw(ops, view.num_adds, uniform, view.max_length, n, stratified)
+            if drawn is not None:
+                return drawn
+        size = uniform.shape[0]
+        u = (ops.to_float64(ops.arange(size)) + uniform) / size * mass if stratified else uniform * mass
         rows, leaf = self.tree.descend(ops, u)
         rows = ops.minimum(rows, view.max_length * view.num_segments - 1)  # past the rows: leaf 0, not drawn
         segment, slot = rows % view.num_segments, rows // view.num_segments

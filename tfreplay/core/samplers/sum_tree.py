@@ -63,9 +63,10 @@ class SumTree:
         if kernel is None:
             return self._set_ops(ops, rows, values)
         if isinstance(self.array, np.ndarray):
-            rows = np.ascontiguousarray(rows, np.int64).reshape(-1)
-            values = np.ascontiguousarray(values, np.float64).reshape(-1)
-            kernel.tfreplay_sum_tree_set(self.array, self.leaves, rows, values, rows.size)
+            rows, values = _c(rows, np.int64), _c(values, np.float64)
+            kernel.tfreplay_sum_tree_set(
+                self.array.ctypes.data, self.leaves, rows.ctypes.data, values.ctypes.data, rows.size
+            )
             return []
         return [kernel.tfreplay_sum_tree_set(self.array.handle, tf.reshape(rows, [-1]), tf.reshape(values, [-1]))]
 
@@ -89,9 +90,12 @@ class SumTree:
         if kernel is None:
             return self._descend_ops(ops, targets)
         if isinstance(self.array, np.ndarray):
-            targets = np.ascontiguousarray(targets, np.float64)
+            targets = _c(targets, np.float64)
             rows, mass = np.empty(targets.shape, np.int64), np.empty(targets.shape, np.float64)
-            kernel.tfreplay_sum_tree_descend(self.array, self.leaves, targets, targets.size, rows, mass)
+            data = self.array.ctypes.data
+            kernel.tfreplay_sum_tree_descend(
+                data, self.leaves, targets.ctypes.data, targets.size, rows.ctypes.data, mass.ctypes.data
+            )
             return rows, mass
         return kernel.tfreplay_sum_tree_descend(self.array.handle, targets)
 
@@ -103,3 +107,66 @@ class SumTree:
             u = ops.where(right, u - left, u)
             node = 2 * node + ops.to_int64(right)
         return node - self.leaves, ops.gather(self.array, node)
+
+    # Ring windows (no episode index) in one native call each; None without the kernel.
+    def ring_draw(self, ops: Any, num_adds: Any, uniform: Any, max_length: int, n: int, stratified: bool) -> Any:
+        """`(segment, t, leaf, ok)` as `PrioritizedSampler._draw` computes them, or None."""
+        kernel = self._kernel()
+        if kernel is None:
+            return None
+        if not isinstance(self.array, np.ndarray):
+            return kernel.tfreplay_ring_draw(
+                self.array.handle, num_adds, uniform, max_length=max_length, num_steps=n, stratified=stratified
+            )
+        adds, uniform = _c(num_adds, np.int64), _c(uniform, np.float64)
+        segment, t = np.empty(uniform.shape, np.int64), np.empty(uniform.shape, np.int64)
+        leaf, ok = np.empty(uniform.shape, np.float64), np.empty(uniform.shape, np.bool_)
+        kernel.tfreplay_ring_draw(
+            self.array.ctypes.data,
+            self.leaves,
+            adds.ctypes.data,
+            adds.size,
+            max_length,
+            n,
+            uniform.ctypes.data,
+            uniform.size,
+            stratified,
+            segment.ctypes.data,
+            t.ctypes.data,
+            leaf.ctypes.data,
+            ok.ctypes.data,
+        )
+        return segment, t, leaf, ok
+
+    def ring_update(self, ops: Any, num_adds: Any, ids: Any, values: Any, priorities: Any, max_length: int) -> Any:
+        """Sets live ids' leaves (stale ones change nothing): `(updates, stale count, largest live priority)`, or
+        None."""
+        kernel = self._kernel()
+        if kernel is None:
+            return None
+        if not isinstance(self.array, np.ndarray):
+            stale, largest = kernel.tfreplay_ring_update(
+                self.array.handle, num_adds, ids, values, priorities, max_length=max_length
+            )
+            return [stale, largest], stale, largest
+        adds, ids = _c(num_adds, np.int64), _c(ids, np.int64)
+        values, priorities = _c(values, np.float64), _c(priorities, np.float64)
+        out = np.empty(2, np.float64)
+        kernel.tfreplay_ring_update(
+            self.array.ctypes.data,
+            self.leaves,
+            adds.ctypes.data,
+            adds.size,
+            max_length,
+            ids.ctypes.data,
+            values.ctypes.data,
+            priorities.ctypes.data,
+            ids.size,
+            out.ctypes.data,
+        )
+        return [], np.int64(out[0]), out[1]
+
+
+def _c(array: Any, dtype: Any) -> np.ndarray:
+    """A C-contiguous array of `dtype` (no copy when it already is one)."""
+    return np.ascontiguousarray(array, dtype)
