@@ -8,6 +8,7 @@ ignore updates for items overwritten since.
 
 import itertools
 import pathlib
+import shutil
 import tempfile
 
 import numpy as np
@@ -429,3 +430,13 @@ def test_both_twins_and_both_paths_descend_and_update_alike():
     for name in ("np-ops", "tf", "tf-ops"):
         for a, b in zip(got["np"], got[name]):
             np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_the_sum_tree_kernels_fall_back_when_they_cannot_be_built(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
+    assert native.build("sum_tree.cc", [], "the sum-tree library", "using NumPy ops instead") is None
+    assert "building the sum-tree library failed; using NumPy ops instead" in caplog.text
+    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
+    assert native.build("sum_tree_ops.cc", [], "the sum-tree kernel", "using TF ops instead") is None
+    assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later
