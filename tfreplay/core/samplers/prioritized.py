@@ -22,7 +22,9 @@ Windows of `num_steps > 1` that must stay inside one episode (frames, or
 unbounded set of exceptions, and the probabilities would no longer be exact.
 
 New items enter at the largest priority given so far (1 before any update).
-A priority of 0 is never drawn until raised. Ids name an item, not a row: an
+A priority of 0 is never drawn until raised; when the drawable mass is 0 (or
+below 1e-12 of the tree's sum, where the subtraction's rounding could hide
+it) the buffer counts as empty. Ids name an item, not a row: an
 update for an item since overwritten is ignored (and counted).
 """
 
