@@ -132,14 +132,18 @@ class PrioritizedSampler:
             take = good & ~found
             return found | good, ops.where(take, seg, segment), ops.where(take, start, t), ops.where(take, value, leaf)
 
-        state = ops.loop(lambda found, *_: ~ops.all(found), round_, (ok, segment, t, leaf), _ROUNDS)
-        found, segment, t, leaf = state
+        def redraw() -> tuple[Any, Any, Any]:  # rare: one graph branch, so a sample that hit pays nothing for it
+            found, seg, start, value = ops.loop(
+                lambda found, *_: ~ops.all(found), round_, (ok, segment, t, leaf), _ROUNDS
+            )
 
-        def exact() -> tuple[Any, Any, Any]:
-            seg, start, value = self._scan(view, size, n)
-            return ops.where(found, segment, seg), ops.where(found, t, start), ops.where(found, leaf, value)
+            def exact() -> tuple[Any, Any, Any]:
+                s, st, v = self._scan(view, size, n)
+                return ops.where(found, seg, s), ops.where(found, start, st), ops.where(found, value, v)
 
-        segment, t, leaf = ops.cond(ops.all(found) | (count <= 0), lambda: (segment, t, leaf), exact)
+            return ops.cond(ops.all(found) | (count <= 0), lambda: (seg, start, value), exact)
+
+        segment, t, leaf = ops.cond(ops.all(ok), lambda: (segment, t, leaf), redraw)
         probs = ops.to_float32(leaf / ops.where(count > 0, total, ops.ones_like(total)))
         return segment, t, probs, count
 
