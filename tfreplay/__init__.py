@@ -19,6 +19,7 @@ from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.storage import frame_data_spec
 from tfreplay.experience_replay import ExperienceReplay
 from tfreplay.expreplay import ExpReplay
+from tfreplay.transforms import NStepReturns, Sequences, Transform, sequence_priorities
 
 __version__ = "0.1.0"
 
@@ -27,15 +28,19 @@ __all__ = [
     "EpisodeRule",
     "ExpReplay",
     "ExperienceReplay",
+    "NStepReturns",
     "PrioritizedSampler",
     "PyFrameReplayBuffer",
     "PyPrioritizedReplayBuffer",
     "PyUniformReplayBuffer",
     "ReplayBuffer",
+    "Sequences",
     "TFFrameReplayBuffer",
     "TFPrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
+    "Transform",
     "UniformSampler",
     "frame_data_spec",
     "importance_weights",
+    "sequence_priorities",
 ]

@@ -86,6 +86,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         sample_batch_size: int | None = None,
         num_steps: int | None = None,
         time_stacked: bool = True,
+        transform: Any = None,
     ) -> tuple[Nest, BufferInfo]:
         """Samples an item, a window of `num_steps` items, or a batch of either.
 
@@ -96,6 +97,9 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           time_stacked: with `num_steps`, stack the window on a time axis
             (`[B, T, ...]`, or `[T, ...]` without a batch size); otherwise return
             a tuple of `num_steps` items.
+          transform: a `tfreplay.transforms.Transform` (`NStepReturns`,
+            `Sequences`): reads its windows and returns what it makes of them,
+            with the ids and probabilities of each window's first item.
 
         Returns:
           `(items, BufferInfo)`.
@@ -104,8 +108,10 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           ValueError: a non-positive size, `num_steps` longer than a segment, or
             an empty buffer (in a graph: `tf.errors.InvalidArgumentError`).
         """
-        self._check_sample_args("get_next", sample_batch_size, num_steps)
-        return self._get_next(sample_batch_size, num_steps, time_stacked)
+        self._check_sample_args("get_next", sample_batch_size, num_steps, transform)
+        if transform is not None and not time_stacked:
+            raise ValueError("get_next: time_stacked (False) must be True with a transform, which maps whole windows.")
+        return self._get_next(sample_batch_size, num_steps, time_stacked, transform)
 
     def as_dataset(
         self,
@@ -114,6 +120,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         num_parallel_calls: int | None = None,
         sequence_preprocess_fn: Callable[[Nest], Nest] | None = None,
         single_deterministic_pass: bool = False,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """A `tf.data.Dataset` of `(items, BufferInfo)`.
 
@@ -129,8 +136,11 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           sequence_preprocess_fn: applied to the (time-stacked, batched) items
             of every element before it is returned.
           single_deterministic_pass: one ordered pass instead of sampling.
+          transform: as in `get_next`, applied to every element's sample.
         """
-        self._check_sample_args("as_dataset", sample_batch_size, num_steps)
+        self._check_sample_args("as_dataset", sample_batch_size, num_steps, transform)
+        if transform is not None and single_deterministic_pass:
+            raise ValueError("as_dataset: transform must be None with single_deterministic_pass (which does not draw).")
         if num_parallel_calls not in (None, tf.data.AUTOTUNE):
             specs.check_positive_int("as_dataset", "num_parallel_calls", num_parallel_calls)
         if sequence_preprocess_fn is not None and not callable(sequence_preprocess_fn):
@@ -138,7 +148,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         if single_deterministic_pass:
             ds = self._single_pass_dataset(sample_batch_size, num_steps, num_parallel_calls)
         else:
-            ds = self._sample_dataset(sample_batch_size, num_steps, num_parallel_calls)
+            ds = self._sample_dataset(sample_batch_size, num_steps, num_parallel_calls, transform)
         if sequence_preprocess_fn is not None:
             fn = sequence_preprocess_fn
             ds = ds.map(lambda items, info: (fn(items), info), num_parallel_calls=num_parallel_calls)
@@ -149,11 +159,11 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         return ds
 
     def _sample_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None, transform: Any = None
     ) -> tf.data.Dataset:
         """An endless dataset of fresh samples, one drawn per element."""
         return counter_dataset().map(
-            lambda _: self._sample_tensors(sample_batch_size, num_steps), num_parallel_calls=num_parallel_calls
+            lambda _: self._sample_tensors(sample_batch_size, num_steps, transform), num_parallel_calls=num_parallel_calls
         )
 
     def gather_all(self) -> Nest:
@@ -164,7 +174,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         """Empties the buffer; capacity and spec stay."""
         return self._clear()
 
-    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any) -> None:
+    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any, transform: Any = None) -> None:
         specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)
         specs.check_positive_int(where, "num_steps", num_steps, allow_none=True)
         longest = self._max_window()
@@ -185,10 +195,14 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     def _add_batch(self, items: Nest) -> Any: ...
 
     @abc.abstractmethod
-    def _get_next(self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool) -> Any: ...
+    def _get_next(
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
+    ) -> Any: ...
 
     @abc.abstractmethod
-    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+    def _sample_tensors(
+        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
+    ) -> tuple[Nest, BufferInfo]:
         """One time-stacked sample as tensors, usable inside a dataset map."""
 
     @abc.abstractmethod
