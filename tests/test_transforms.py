@@ -310,8 +310,11 @@ def test_padded_window_starts_are_uniform(kind):
         streams = [make_stream(rng, s, 30) for s in range(2)]
         spec = frame_data_spec(FRAME)
         cls = FRAMES[twin]
-        rb = cls(spec, 2, 14, history_len=2, seed=seed) if twin == "tf" else cls(spec, batch_size=2, max_length=14,
-                                                                                 history_len=2, seed=seed)
+        rb = (
+            cls(spec, 2, 14, history_len=2, seed=seed)
+            if twin == "tf"
+            else cls(spec, batch_size=2, max_length=14, history_len=2, seed=seed)
+        )
         for i in range(30):
             rb.add_batch(row(streams, i))
         model = Model(streams, 14, frames=Reference(streams, 14, 2))
@@ -331,8 +334,11 @@ def test_long_strict_windows_are_counted_exactly(kind, n):
     streams = [make_stream(rng, s, 700, max_episode=260) for s in range(2)]
     spec = frame_data_spec(FRAME)
     cls = FRAMES[kind]
-    rb = cls(spec, 2, 300, history_len=2, seed=1) if kind == "tf" else cls(spec, batch_size=2, max_length=300,
-                                                                           history_len=2, seed=1)
+    rb = (
+        cls(spec, 2, 300, history_len=2, seed=1)
+        if kind == "tf"
+        else cls(spec, batch_size=2, max_length=300, history_len=2, seed=1)
+    )
     for i in range(700):
         rb.add_batch(row(streams, i))
     starts = Reference(streams, 300, 2).valid(n)
@@ -380,10 +386,16 @@ def test_sequence_priorities_go_to_a_prioritized_buffer_by_first_item():
         (lambda: Sequences(length=0), ValueError, r"Sequences: length \(0\) must be a positive integer"),
         (lambda: Sequences(4, burn_in=-1), ValueError, r"Sequences: burn_in \(-1\) must be an integer >= 0"),
         (lambda: Sequences(4, pad="yes"), TypeError, r"Sequences: pad \('yes'\) must be a bool"),
-        (lambda: sequence_priorities(np.ones([2, 3]), np.ones([2, 3], bool), eta=2), ValueError,
-         r"sequence_priorities: eta \(2\) must be a number in \[0, 1\]"),
-        (lambda: sequence_priorities(np.ones([2, 3]), np.ones([3], bool)), ValueError,
-         r"td_errors \(shape \(2, 3\)\) and mask \(shape \(3,\)\) must both be \[batch, time\]"),
+        (
+            lambda: sequence_priorities(np.ones([2, 3]), np.ones([2, 3], bool), eta=2),
+            ValueError,
+            r"sequence_priorities: eta \(2\) must be a number in \[0, 1\]",
+        ),
+        (
+            lambda: sequence_priorities(np.ones([2, 3]), np.ones([3], bool)),
+            ValueError,
+            r"td_errors \(shape \(2, 3\)\) and mask \(shape \(3,\)\) must both be \[batch, time\]",
+        ),
     ],
 )
 def test_bad_transform_arguments_raise(make, error, match):
@@ -393,18 +405,36 @@ def test_bad_transform_arguments_raise(make, error, match):
 
 BAD_CALLS = [
     (lambda rb: rb.get_next(4, transform="n-step"), TypeError, r"get_next: transform \('n-step'\) must be a tfreplay"),
-    (lambda rb: rb.get_next(4, num_steps=3, transform=Sequences(3)), ValueError,
-     r"get_next: num_steps \(3\) must be None with a transform"),
-    (lambda rb: rb.get_next(4, transform=Sequences(20)), ValueError,
-     r"get_next: the window of Sequences\(length=20.*\(20 items\) must be at most 12 items"),
-    (lambda rb: rb.get_next(4, transform=Sequences(2), time_stacked=False), ValueError,
-     r"get_next: time_stacked \(False\) must be True with a transform"),
-    (lambda rb: rb.as_dataset(4, transform=Sequences(2), single_deterministic_pass=True), ValueError,
-     r"as_dataset: transform must be None with single_deterministic_pass"),
-    (lambda rb: rb.get_next(4, transform=NStepReturns(2, 0.9, reward="prize")), ValueError,
-     r"NStepReturns: the sampled item \(\[.*\]\) must have a 'prize' field"),
-    (lambda rb: rb.get_next(4, transform=NStepReturns(2, 0.9, reward="step_type")), TypeError,
-     r"NStepReturns: field 'step_type' .* must be a floating-point tf.TensorSpec"),
+    (
+        lambda rb: rb.get_next(4, num_steps=3, transform=Sequences(3)),
+        ValueError,
+        r"get_next: num_steps \(3\) must be None with a transform",
+    ),
+    (
+        lambda rb: rb.get_next(4, transform=Sequences(20)),
+        ValueError,
+        r"get_next: the window of Sequences\(length=20.*\(20 items\) must be at most 12 items",
+    ),
+    (
+        lambda rb: rb.get_next(4, transform=Sequences(2), time_stacked=False),
+        ValueError,
+        r"get_next: time_stacked \(False\) must be True with a transform",
+    ),
+    (
+        lambda rb: rb.as_dataset(4, transform=Sequences(2), single_deterministic_pass=True),
+        ValueError,
+        r"as_dataset: transform must be None with single_deterministic_pass",
+    ),
+    (
+        lambda rb: rb.get_next(4, transform=NStepReturns(2, 0.9, reward="prize")),
+        ValueError,
+        r"NStepReturns: the sampled item \(\[.*\]\) must have a 'prize' field",
+    ),
+    (
+        lambda rb: rb.get_next(4, transform=NStepReturns(2, 0.9, reward="step_type")),
+        TypeError,
+        r"NStepReturns: field 'step_type' .* must be a floating-point tf.TensorSpec",
+    ),
 ]
 
 
@@ -424,8 +454,13 @@ def test_bad_calls_raise_and_change_nothing(kind, call, error, match):
 @pytest.mark.parametrize("kind", sorted(ROWS))
 def test_nothing_to_draw_is_a_clear_error(kind):
     rb = ROWS[kind](SPEC, batch_size=2, max_length=8, seed=0)
-    running = {"episode": np.zeros(2, int), "first": np.array([True, False]), "terminated": np.zeros(2, bool),
-               "truncated": np.zeros(2, bool), "reward": np.ones(2, np.float32)}
+    running = {
+        "episode": np.zeros(2, int),
+        "first": np.array([True, False]),
+        "terminated": np.zeros(2, bool),
+        "truncated": np.zeros(2, bool),
+        "reward": np.ones(2, np.float32),
+    }
     streams = [running, running]
     for t in range(2):  # one unfinished episode of 2 steps per segment: no padded window of 3 yet
         rb.add_batch(transition_batch(streams, t))
@@ -434,7 +469,9 @@ def test_nothing_to_draw_is_a_clear_error(kind):
     assert np.asarray(rb.get_next(2, transform=NStepReturns(2, 0.9))[0].reward).shape == (2,)
 
 
-def test_prioritized_replay_refuses_episode_windows_it_cannot_draw():
+def test_prioritized_replay_refuses_windows_it_cannot_draw():
     rb = PyPrioritizedReplayBuffer(SPEC, batch_size=1, max_length=8, seed=0)
-    with pytest.raises(ValueError, match=r"needs episode-aware windows, which PrioritizedSampler does not draw"):
+    with pytest.raises(ValueError, match=r"needs padded windows, which PrioritizedSampler does not draw"):
         rb.get_next(2, transform=NStepReturns(3, 0.9))
+    with pytest.raises(ValueError, match=r"needs episode-aware windows, which PrioritizedSampler does not draw"):
+        rb.get_next(2, transform=Sequences(3))

@@ -38,7 +38,7 @@ import collections.abc
 import dataclasses
 import math
 import types
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -159,7 +159,6 @@ class NStepReturns(Transform):
     next_observation: str = "next_observation"
     terminated: str = "terminated"
     truncated: str = "truncated"
-    padded: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         _check_int("NStepReturns", "n", self.n, 1)
@@ -171,6 +170,10 @@ class NStepReturns(Transform):
     @property
     def num_steps(self) -> int:  # type: ignore[override]
         return int(self.n)
+
+    @property
+    def padded(self) -> bool:  # type: ignore[override]
+        return True
 
     def output_spec(self, item_spec: Nest) -> Nest:
         where = "NStepReturns"
@@ -188,7 +191,9 @@ class NStepReturns(Transform):
         discount = fields.get(self.discount)
         if discount is not None:
             if not isinstance(discount, tf.TensorSpec) or not discount.dtype.is_floating or discount.shape.rank != 0:
-                raise TypeError(f"{where}: field {self.discount!r} ({discount!r}) must be a scalar floating-point spec.")
+                raise TypeError(
+                    f"{where}: field {self.discount!r} ({discount!r}) must be a scalar floating-point spec."
+                )
             return item_spec
         if self.terminated not in fields or not isinstance(item_spec, collections.abc.Mapping):
             raise ValueError(

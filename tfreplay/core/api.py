@@ -159,11 +159,16 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         return ds
 
     def _sample_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None, transform: Any = None
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """An endless dataset of fresh samples, one drawn per element."""
         return counter_dataset().map(
-            lambda _: self._sample_tensors(sample_batch_size, num_steps, transform), num_parallel_calls=num_parallel_calls
+            lambda _: self._sample_tensors(sample_batch_size, num_steps, transform),
+            num_parallel_calls=num_parallel_calls,
         )
 
     def gather_all(self) -> Nest:

@@ -195,10 +195,12 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 f"{where}: the window of {transform!r} ({transform.num_steps} items) must be at most "
                 f"{self._max_window()} items, the longest a segment holds; use a shorter window or a longer max_length."
             )
-        window, _ = self._windows(transform)
-        if window is not None and not getattr(self._sampler, "episode_windows", False):
+        window, padded = self._windows(transform)
+        kind, able = ("padded", "padded_windows") if padded else ("episode-aware", "episode_windows")
+        # Without an index a padded window is a plain ring window, which every sampler draws.
+        if window is not None and not getattr(self._sampler, able, False):
             raise ValueError(
-                f"{where}: transform ({transform!r}) needs episode-aware windows, which "
+                f"{where}: transform ({transform!r}) needs {kind} windows, which "
                 f"{type(self._sampler).__name__} does not draw."
             )
         transform.output_spec(self._storage.item_spec)  # raises on fields it cannot use
@@ -255,8 +257,9 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         ops = self._ops
         if not self._rule.ends:
             return num_adds < 0
-        rows = ring.local_to_rows(ops.maximum(num_adds - 1, 0), ops.arange(self._num_segments), self._max_length,
-                                  self._num_segments)[0]
+        rows = ring.local_to_rows(
+            ops.maximum(num_adds - 1, 0), ops.arange(self._num_segments), self._max_length, self._num_segments
+        )[0]
         return self._stored_ends(rows) & (num_adds > 0)
 
     def _num_frames(self) -> Any:
@@ -350,7 +353,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         """
         ops = self._ops
         view = self._view(transform)
-        n = num_steps if transform is None else transform.num_steps
+        n = num_steps if transform is None else int(transform.num_steps)
         segment, t, probs, count = self._sampler.sample(view, size, n)
         step_rows, ids = ring.window_rows(segment, t, n, self._max_length, self._num_segments, ops)
         pos_at = self._pos_at if self._rule is not None else None
@@ -359,7 +362,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             return plan, ids, probs, count
         if view.padded:
             layout = (self._max_length, self._num_segments)
-            mask = episodes.window_mask(segment, t, n, view.num_adds, view.pos_at, ops, layout)
+            mask = episodes.window_mask(segment, t, transform.num_steps, view.num_adds, view.pos_at, ops, layout)
         else:
             mask = ops.ones_like(step_rows) > 0
         return (plan, mask), ids[:, 0], probs, count

@@ -200,9 +200,7 @@ def young_starts(
     episode_start = newest - pos_at(rows)
     # Single items of the newest episode are drawable from its first transition on, or, when
     # the episode began before the live range, from the first item whose history is live.
-    first = ops.where(
-        episode_start >= min_id, episode_start + window.lead, min_id + max(window.history, window.lead)
-    )
+    first = ops.where(episode_start >= min_id, episode_start + window.lead, min_id + max(window.history, window.lead))
     young = ops.minimum(ops.maximum(newest - first + 1, 0), n - 1)
     return ops.where((num_adds > 0) & ~ended, young, ops.zeros_like(young))
 

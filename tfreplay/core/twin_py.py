@@ -163,7 +163,11 @@ class PyBuffer(ComposedBuffer):
         return items, BufferInfo(ids=ids, probabilities=probs)
 
     def _sample_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None, transform: Any = None
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """Samples for `_DATASET_BLOCK` elements per NumPy call, split into elements.
 

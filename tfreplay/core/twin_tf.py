@@ -248,7 +248,9 @@ class TFBuffer(ComposedBuffer):
         if self._windows(transform)[0] is None or under_xla():
             return self._exclusive(lambda: self._read_sample(size, num_steps, transform))
         plan = self._eager.get(
-            f"plan/{size}/{num_steps}/{transform!r}", lambda: self._sample_plan(size, num_steps, transform), jit_compile=True
+            f"plan/{size}/{num_steps}/{transform!r}",
+            lambda: self._sample_plan(size, num_steps, transform),
+            jit_compile=True,
         )
 
         def call() -> tuple:

@@ -32,8 +32,9 @@ class View:
     `pos_counts`) with the storage's window shape. With `padded`, windows may
     run past their episode's end (`episodes.young_starts` is the rule;
     `ended[s]`: whether segment `s`'s newest item carries an end flag).
-    A sampler that draws padded or episode-aware windows says so with
-    `episode_windows = True`; the buffer refuses such requests otherwise.
+    A sampler says what it draws beyond plain ring windows with
+    `episode_windows = True` (strict windows through the index) and
+    `padded_windows = True`; the buffer refuses other requests.
     """
 
     ops: Any

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from tfreplay.core import episodes, ring
-from tfreplay.core.episodes import Shape
 from tfreplay.core.samplers import View
 
 # Candidates per sample and round, and rounds before the exact (scanning) draw.
@@ -33,6 +32,7 @@ class UniformSampler:
 
     within_episodes: bool
     episode_windows = True
+    padded_windows = True
 
     def __init__(self, within_episodes: bool = False):
         self.within_episodes = bool(within_episodes)
