@@ -22,7 +22,10 @@ The interface, all a new transform needs (one class):
 * `__call__(items, mask, ops)`: `items` time-stacked `[B, T, ...]`, `mask`
   `[B, T]` bool (True on the real steps of the first item's episode; always
   True for strict windows), `ops` the twin's array namespace (`core.ops`:
-  `NUMPY_OPS` or `TF_OPS`); returns a batch of outputs `[B, ...]`.
+  `NUMPY_OPS` or `TF_OPS`); returns a batch of outputs `[B, ...]`. Steps
+  where `mask` is False hold whatever their rows hold (the next episode, or
+  stale rows past the write head): `pad(items, mask, ops)` zeroes them, for
+  transforms that return them.
 
 On a buffer whose items mark episode boundaries (`step_type`, `first`,
 `terminated`, `truncated`, or an `EpisodeRule`) windows follow episodes
@@ -91,6 +94,16 @@ _TF = types.SimpleNamespace(
     dtype=lambda x: x.dtype.as_numpy_dtype,
     rank=lambda x: x.shape.rank,
 )
+
+
+def pad(items: Nest, mask: Any, ops: Any) -> Nest:
+    """Windows `[B, T, ...]` with zeros wherever `mask` (`[B, T]`) is False."""
+
+    def zero(x: Any) -> Any:
+        keep = ops.reshape(mask, list(mask.shape) + [1] * (len(x.shape) - 2))
+        return ops.where(keep, x, ops.zeros_like(x))
+
+    return tf.nest.map_structure(zero, items)
 
 
 def _arrays(ops: Any) -> types.SimpleNamespace:
@@ -210,7 +223,8 @@ class NStepReturns(Transform):
         last = real - 1
         powers = np.asarray(self.gamma ** np.arange(self.n + 1), dtype)
         weights = np.reshape(powers[: self.n], [1, self.n] + [1] * (a.rank(reward) - 2))
-        values = {self.reward: a.sum1(reward * weights)}  # padded steps hold zeros
+        keep = ops.reshape(mask, list(mask.shape) + [1] * (a.rank(reward) - 2))
+        values = {self.reward: a.sum1(ops.where(keep, reward * weights, ops.zeros_like(reward)))}
         fields = items._fields if hasattr(items, "_fields") else list(items)
         if self.discount in fields:
             step_discount = _get(items, self.discount)
@@ -218,11 +232,12 @@ class NStepReturns(Transform):
             step_discount = 1 - a.cast(_get(items, self.terminated), dtype)
         step_discount = ops.where(mask, step_discount, ops.ones_like(step_discount))
         values[self.discount] = ops.gather(np.asarray(powers, a.dtype(step_discount)), real) * a.prod1(step_discount)
-        for name in (self.next_observation, self.terminated, self.truncated):
-            if name in fields:
-                values[name] = tf.nest.map_structure(lambda x: a.pick(x, last), _get(items, name))
-        firsts = {f: tf.nest.map_structure(lambda x: x[:, 0], _get(items, f)) for f in fields if f not in values}
-        return _replace(items, {**firsts, **values})
+        lasts = {f: _get(items, f) for f in (self.next_observation, self.terminated, self.truncated) if f in fields}
+        firsts = {f: _get(items, f) for f in fields if f not in values and f not in lasts}
+        # One nest walk each: tf.nest costs more than the slicing it maps on small batches.
+        lasts = tf.nest.map_structure(lambda x: a.pick(x, last), lasts)
+        firsts = tf.nest.map_structure(lambda x: x[:, 0], firsts)
+        return _replace(items, {**firsts, **lasts, **values})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +281,7 @@ class Sequences(Transform):
         return Window(items=items, mask=tf.TensorSpec([steps], tf.bool))
 
     def __call__(self, items: Nest, mask: Any, ops: Any) -> Window:
-        return Window(items=items, mask=mask)
+        return Window(items=pad(items, mask, ops) if self.pad else items, mask=mask)
 
 
 def sequence_priorities(td_errors: Any, mask: Any, eta: float = 0.9) -> Any:

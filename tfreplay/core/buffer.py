@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay import transforms
-from tfreplay.core import checkpoint, episodes, ring, specs, storage
+from tfreplay.core import checkpoint, episodes, ring, specs
 from tfreplay.core.api import BufferInfo, ReplayBuffer
 from tfreplay.core.episodes import EpisodeRule
 from tfreplay.core.samplers import View
@@ -393,8 +393,6 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         splits windows into steps unless `time_stacked`."""
         if transform is not None:
             items, mask = items
-            if transform.padded:
-                items = storage.pad(items, mask, self._ops)
             items = transform(items, mask, self._ops)
         if not batched:
             items, ids, probs = tf.nest.map_structure(lambda x: x[0], (items, ids, probs))

@@ -128,16 +128,6 @@ class FrameStorage:
         return _nbytes(self.frames) + (self.extras.nbytes if self.extras else 0)
 
 
-def pad(items: Nest, mask: Any, ops: Any) -> Nest:
-    """Windows `[B, T, ...]` with zeros wherever `mask` (`[B, T]`) is False: the padding of padded windows."""
-
-    def zero(x: Any) -> Any:
-        keep = ops.reshape(mask, list(mask.shape) + [1] * (len(x.shape) - 2))
-        return ops.where(keep, x, ops.zeros_like(x))
-
-    return tf.nest.map_structure(zero, items)
-
-
 def _nbytes(array: Any) -> int:
     return int(array.shape.num_elements() * array.dtype.size if isinstance(array, tf.Variable) else array.nbytes)
 

@@ -26,8 +26,8 @@ class UniformSampler:
     are redrawn, and after `_ROUNDS` rounds the rest come from an exact scan.
 
     Padded windows (`view.padded`) start at any item drawable alone except
-    each segment's newest `episodes.young_starts`: candidates come from that
-    range, so for rows every candidate is valid and a draw is one round.
+    each segment's newest `episodes.young_starts`: for rows every item of
+    that range, drawn exactly in one step; for frames, candidates from it.
     """
 
     within_episodes: bool
@@ -64,6 +64,10 @@ class UniformSampler:
         if view.padded:  # single items, less each segment's newest that cannot start a padded window
             young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ended, ops)
             counts = ops.maximum(counts - young, 0)
+            if window.lead == 0 and window.history == 0:  # rows: every item in range starts a window
+                count = ops.sum(counts)
+                seg, offset = ring.locate(view.draw([size], count), counts, ops)
+                return seg, ops.gather(start, seg) + offset, ops.probability([size], count), count
             count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, 1, ops) - ops.sum(young)
             last = view.num_adds - 1 - young  # the newest start drawable in each segment
         else:
