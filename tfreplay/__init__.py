@@ -27,6 +27,7 @@ from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.storage import frame_data_spec
 from tfreplay.experience_replay import ExperienceReplay
 from tfreplay.expreplay import ExpReplay
+from tfreplay.transforms import NStepReturns, Sequences, Transform, sequence_priorities
 
 __version__ = "0.1.0"
 
@@ -37,6 +38,7 @@ __all__ = [
     "ExpReplay",
     "ExperienceReplay",
     "MinSize",
+    "NStepReturns",
     "PrioritizedSampler",
     "PyFrameReplayBuffer",
     "PyPrioritizedReplayBuffer",
@@ -46,10 +48,13 @@ __all__ = [
     "RateLimiterInfo",
     "ReplayBuffer",
     "SampleToInsertRatio",
+    "Sequences",
     "TFFrameReplayBuffer",
     "TFPrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
+    "Transform",
     "UniformSampler",
     "frame_data_spec",
     "importance_weights",
+    "sequence_priorities",
 ]
