@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tfreplay.core import specs
 from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.rate_limiter import RateLimiter
 from tfreplay.core.samplers.prioritized import PrioritizedSampler
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
@@ -74,6 +75,9 @@ class TFUniformReplayBuffer(TFBuffer):
       within_episodes: `num_steps` windows never cross an episode boundary
         (items must carry `step_type`, `first`, `terminated` or `truncated`).
       episode_rule: which fields mark boundaries (default: detected from the spec).
+      rate_limiter: a `MinSize` or `SampleToInsertRatio` (one per buffer):
+        `get_next`/`as_dataset` wait for collectors and `add_batch` waits for
+        the learner; `close()` ends every wait.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class TFUniformReplayBuffer(TFBuffer):
         *,
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -101,6 +106,7 @@ class TFUniformReplayBuffer(TFBuffer):
             scope=scope,
             device=device,
             seed=seed,
+            rate_limiter=rate_limiter,
             window_shift=dataset_window_shift,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
@@ -132,6 +138,7 @@ class PyUniformReplayBuffer(PyBuffer):
         name: str = "PyUniformReplayBuffer",
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -142,6 +149,7 @@ class PyUniformReplayBuffer(PyBuffer):
             batch_size=batch_size,
             max_length=max_length,
             seed=seed,
+            rate_limiter=rate_limiter,
             name=name,
             window_shift=dataset_window_shift,
             drop_remainder=dataset_drop_remainder,
@@ -200,7 +208,7 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
       batch_size: number of segments (parallel environments).
       max_length: rows (frames) per segment.
       history_len: frames per stacked observation.
-      scope, device, dataset_drop_remainder, stateful_dataset, seed: as `TFUniformReplayBuffer`.
+      scope, device, dataset_drop_remainder, stateful_dataset, seed, rate_limiter: as `TFUniformReplayBuffer`.
     """
     )
 
@@ -215,6 +223,8 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
         dataset_drop_remainder: bool = False,
         stateful_dataset: bool = False,
         seed: int | None = None,
+        *,
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -226,6 +236,7 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
             scope=scope,
             device=device,
             seed=seed,
+            rate_limiter=rate_limiter,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
         )
@@ -255,6 +266,7 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
         dataset_drop_remainder: bool = False,
         stateful_dataset: bool = False,
         name: str = "PyFrameReplayBuffer",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -265,6 +277,7 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
             batch_size=batch_size,
             max_length=max_length,
             seed=seed,
+            rate_limiter=rate_limiter,
             name=name,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
@@ -322,7 +335,7 @@ class TFPrioritizedReplayBuffer(Prioritized, TFBuffer):
     compiled code on the CPU, see `tfreplay.native`).
 
     Args:
-      data_spec, batch_size, max_length, scope, device, seed: as `TFUniformReplayBuffer`.
+      data_spec, batch_size, max_length, scope, device, seed, rate_limiter: as `TFUniformReplayBuffer`.
       alpha: how much priorities count (0: uniform over stored items).
       within_episodes: items must carry episode boundaries; prioritized
         windows inside episodes are single items (`num_steps` None or 1).
@@ -342,6 +355,7 @@ class TFPrioritizedReplayBuffer(Prioritized, TFBuffer):
         *,
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -353,6 +367,7 @@ class TFPrioritizedReplayBuffer(Prioritized, TFBuffer):
             scope=scope,
             device=device,
             seed=seed,
+            rate_limiter=rate_limiter,
             stateful_dataset=stateful_dataset,
         )
 
@@ -376,6 +391,7 @@ class PyPrioritizedReplayBuffer(Prioritized, PyBuffer):
         name: str = "PyPrioritizedReplayBuffer",
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -386,6 +402,7 @@ class PyPrioritizedReplayBuffer(Prioritized, PyBuffer):
             batch_size=batch_size,
             max_length=max_length,
             seed=seed,
+            rate_limiter=rate_limiter,
             name=name,
         )
 
@@ -406,7 +423,7 @@ class TFPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, TFBuffer):
         + PRIORITIZED_FRAMES_DOC
         + """
     Args:
-      data_spec, batch_size, max_length, history_len, scope, device, seed: as `TFFrameReplayBuffer`.
+      data_spec, batch_size, max_length, history_len, scope, device, seed, rate_limiter: as `TFFrameReplayBuffer`.
       alpha: how much priorities count (0: uniform over transitions).
     """
     )
@@ -422,6 +439,8 @@ class TFPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, TFBuffer):
         device: str = "cpu:*",
         seed: int | None = None,
         stateful_dataset: bool = False,
+        *,
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -433,6 +452,7 @@ class TFPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, TFBuffer):
             scope=scope,
             device=device,
             seed=seed,
+            rate_limiter=rate_limiter,
             stateful_dataset=stateful_dataset,
         )
 
@@ -458,6 +478,7 @@ class PyPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, PyBuffer):
         seed: int | None = None,
         stateful_dataset: bool = False,
         name: str = "PyPrioritizedFrameReplayBuffer",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -469,5 +490,6 @@ class PyPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, PyBuffer):
             max_length=max_length,
             seed=seed,
             name=name,
+            rate_limiter=rate_limiter,
             stateful_dataset=stateful_dataset,
         )
