@@ -272,8 +272,9 @@ class TFBuffer(ComposedBuffer):
         priorities = tf.convert_to_tensor(priorities, tf.float64)
         if tf.executing_eagerly():
             check_priorities(ids.shape, priorities.shape, priorities.numpy())
+            shape = [None] * ids.shape.rank  # one trace for any number of ids
             fn = self._eager.get(
-                "update", self._update, tf.TensorSpec(ids.shape, tf.int64), tf.TensorSpec(ids.shape, tf.float64)
+                f"update/{len(shape)}", self._update, tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape, tf.float64)
             )
             return fn(ids, priorities)
         check_priorities(ids.shape, priorities.shape, None)
