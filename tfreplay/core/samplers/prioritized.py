@@ -17,7 +17,10 @@ Which rows cannot start a window:
   sum, and a draw that lands on one is drawn again, so each window's chance is
   exactly its share of the drawable mass.
 
-Windows of `num_steps > 1` that must stay inside one episode (frames, or
+Padded windows (a transform's, e.g. `NStepReturns`, that may run past an
+episode's end) start at any item drawable alone except each segment's newest
+`episodes.young_starts`: the same bounded set, so they stay exact. Strict
+windows of `num_steps > 1` that must stay inside one episode (frames, or
 `within_episodes=True`) are refused: every episode's last steps would be an
 unbounded set of exceptions, and the probabilities would no longer be exact.
 
@@ -35,7 +38,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay.core import ring
+from tfreplay.core import episodes, ring
 from tfreplay.core.samplers import View
 from tfreplay.core.samplers.sum_tree import SumTree
 
@@ -55,6 +58,8 @@ class PrioritizedSampler:
       use_native: run the sum tree's loops in compiled code where available
         (`tfreplay.native`); off, the same draws come from array ops.
     """
+
+    padded_windows = True
 
     def __init__(self, alpha: float = 0.6, within_episodes: bool = False, use_native: bool = True):
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha or math.isnan(alpha):
@@ -115,7 +120,7 @@ class PrioritizedSampler:
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         ops, n = view.ops, num_steps or 1
-        if view.window is not None and n > 1:
+        if view.window is not None and n > 1 and not view.padded:
             raise ValueError(
                 f"PrioritizedSampler: num_steps ({n}) must be None or 1 when windows stay inside episodes "
                 "(frame buffers, within_episodes=True): the probability of such a window cannot be kept exact. "
@@ -180,44 +185,59 @@ class PrioritizedSampler:
         return seg, t, ops.gather(weight, pick)
 
 
+def young(view: View, n: int) -> Any:
+    """Per segment, how many of its newest items cannot start a window of `n` (the write head, or for
+    padded windows an unfinished episode)."""
+    window = view.window if view.padded else None
+    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.pos_at, view.ended, view.ops)
+
+
 def startable(view: View, segment: Any, t: Any, n: int) -> Any:
     """Whether a window of `n` items can start at local id `t` of `segment` now.
 
-    It must lie inside the live range (never across the write head) and, when
-    windows go through the episode index, pass the window shape's rule.
+    It must lie inside the live range, short of the segment's `young` newest
+    items and, when windows go through the episode index, pass the window
+    shape's rule (for a padded window, the rule of its first item alone).
     """
     ops = view.ops
     adds = ops.gather(view.num_adds, segment)
     min_id = adds - ops.minimum(adds, view.max_length)
-    ok = (t >= min_id) & (t + (n - 1) < adds)
+    ok = (t >= min_id) & (t < adds - ops.gather(young(view, n), segment))
     if view.window is None:
         return ok
     assert view.pos_at is not None  # a window goes with the episode index
-    end = ops.maximum(t + (n - 1), 0)
+    m = 1 if view.padded else n
+    end = ops.maximum(t + (m - 1), 0)
     end_pos = view.pos_at(ring.local_to_rows(end, segment, view.max_length, view.num_segments)[0])
-    return ok & view.window.is_valid(t, end_pos, min_id, n)
+    return ok & view.window.is_valid(t, end_pos, min_id, m)
 
 
 def excluded_mass(view: View, tree: SumTree, n: int) -> Any:
     """The mass of live rows that cannot start a window of `n` now (`startable` is false).
 
     Besides rows of leaf 0, only a bounded set of each segment can hold such
-    rows: its newest `n - 1` items (a window would cross the write head) or,
-    through the episode index (single items only), its oldest `history` items
-    (their stack may show an overwritten frame).
+    rows: its `young` newest items (at most `n - 1`) and, through the episode
+    index, its oldest `history` items (their stack may show an overwritten
+    frame); a row in both counts once, as young.
     """
     ops = view.ops
     history = view.window.history if view.window is not None else 0
-    per = n - 1 + history  # never both: windows through the index are single items
-    if per == 0:
-        return 0.0
     adds = ops.reshape(view.num_adds, [-1, 1])
     min_id = adds - ops.minimum(adds, view.max_length)
-    k = ops.arange(per)[None, :]
-    t = adds - 1 - k if history == 0 else min_id + k
-    segment = ops.arange(view.num_segments)[:, None] + ops.zeros_like(k)
-    live = (t >= min_id) & (t < adds)
-    rows = ring.local_to_rows(ops.maximum(t, 0), segment, view.max_length, view.num_segments)[0]
-    leaf = tree.leaf(ops, rows)
-    bad = live & ~startable(view, segment, t, n)
-    return ops.sum(ops.where(bad, leaf, ops.zeros_like(leaf)))
+    first_young = adds - ops.reshape(young(view, n), [-1, 1])
+
+    def mass(t: Any, bad: Any) -> Any:
+        segment = ops.arange(view.num_segments)[:, None] + ops.zeros_like(t)
+        rows = ring.local_to_rows(ops.maximum(t, 0), segment, view.max_length, view.num_segments)[0]
+        leaf = tree.leaf(ops, rows)
+        return ops.sum(ops.where(bad & (t >= min_id) & (t < adds), leaf, ops.zeros_like(leaf)))
+
+    total = 0.0
+    if n > 1:
+        t = adds - 1 - ops.arange(n - 1)[None, :]
+        total = total + mass(t, t >= first_young)
+    if history:
+        t = min_id + ops.arange(history)[None, :]
+        segment = ops.arange(view.num_segments)[:, None] + ops.zeros_like(t)
+        total = total + mass(t, (t < first_young) & ~startable(view, segment, t, n))
+    return total
