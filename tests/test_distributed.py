@@ -96,6 +96,12 @@ def test_sampling_mass_is_what_probabilities_divide_by():
         assert int(rb.sampling_mass()) == 20 and int(rb.sampling_mass(num_steps=3)) == 16
         _, info = rb.get_next(4, num_steps=3)
         np.testing.assert_allclose(np.asarray(info.probabilities), 1 / 16, rtol=1e-6)
+    episodic = {"value": tf.TensorSpec([], tf.int64), "first": tf.TensorSpec([], tf.bool)}
+    rb = tfreplay.PyUniformReplayBuffer(episodic, batch_size=1, max_length=20, within_episodes=True, seed=0)
+    for t in range(26):  # episodes of 4 items, wrapped around
+        rb.add_batch({"value": np.array([t]), "first": np.array([t % 4 == 0])})
+    _, info = rb.get_next(8, num_steps=3)
+    np.testing.assert_allclose(info.probabilities, 1 / int(rb.sampling_mass(num_steps=3)), rtol=1e-6)
     rb = tfreplay.PyPrioritizedReplayBuffer(SPEC, 8, alpha=0.5, seed=0)
     rb.add_batch(rows(np.arange(6)))
     rb.update_priorities(np.arange(6), np.array([1.0, 4.0, 9.0, 16.0, 25.0, 36.0]))

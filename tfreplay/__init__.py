@@ -5,9 +5,11 @@ The public API; everything else is an implementation detail.
 
 from tfreplay.buffers import (
     PyFrameReplayBuffer,
+    PyPrioritizedFrameReplayBuffer,
     PyPrioritizedReplayBuffer,
     PyUniformReplayBuffer,
     TFFrameReplayBuffer,
+    TFPrioritizedFrameReplayBuffer,
     TFPrioritizedReplayBuffer,
     TFUniformReplayBuffer,
     importance_weights,
@@ -27,6 +29,7 @@ from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.storage import frame_data_spec
 from tfreplay.experience_replay import ExperienceReplay
 from tfreplay.expreplay import ExpReplay
+from tfreplay.transforms import NStepReturns, Sequences, Transform, sequence_priorities
 
 __version__ = "0.1.0"
 
@@ -37,8 +40,10 @@ __all__ = [
     "ExpReplay",
     "ExperienceReplay",
     "MinSize",
+    "NStepReturns",
     "PrioritizedSampler",
     "PyFrameReplayBuffer",
+    "PyPrioritizedFrameReplayBuffer",
     "PyPrioritizedReplayBuffer",
     "PyUniformReplayBuffer",
     "RateLimitTimeoutError",
@@ -46,10 +51,14 @@ __all__ = [
     "RateLimiterInfo",
     "ReplayBuffer",
     "SampleToInsertRatio",
+    "Sequences",
     "TFFrameReplayBuffer",
+    "TFPrioritizedFrameReplayBuffer",
     "TFPrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
+    "Transform",
     "UniformSampler",
     "frame_data_spec",
     "importance_weights",
+    "sequence_priorities",
 ]

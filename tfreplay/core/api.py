@@ -90,6 +90,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         sample_batch_size: int | None = None,
         num_steps: int | None = None,
         time_stacked: bool = True,
+        transform: Any = None,
     ) -> tuple[Nest, BufferInfo]:
         """Samples an item, a window of `num_steps` items, or a batch of either.
 
@@ -100,6 +101,9 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           time_stacked: with `num_steps`, stack the window on a time axis
             (`[B, T, ...]`, or `[T, ...]` without a batch size); otherwise return
             a tuple of `num_steps` items.
+          transform: a `tfreplay.transforms.Transform` (`NStepReturns`,
+            `Sequences`): reads its windows and returns what it makes of them,
+            with the ids and probabilities of each window's first item.
 
         Returns:
           `(items, BufferInfo)`.
@@ -110,9 +114,11 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           BufferClosedError: after `close()` (in a graph: `tf.errors.OutOfRangeError`).
           RateLimitTimeoutError: the `rate_limiter` did not admit it in time.
         """
-        self._check_sample_args("get_next", sample_batch_size, num_steps)
+        self._check_sample_args("get_next", sample_batch_size, num_steps, transform)
+        if transform is not None and not time_stacked:
+            raise ValueError("get_next: time_stacked (False) must be True with a transform, which maps whole windows.")
         size, gate = sample_batch_size or 1, self._gate
-        sample = lambda: self._get_next(sample_batch_size, num_steps, time_stacked)  # noqa: E731
+        sample = lambda: self._get_next(sample_batch_size, num_steps, time_stacked, transform)  # noqa: E731
         if tf.executing_eagerly():
             return gate.call("get_next", "sample", size, sample)
         with tf.control_dependencies(gate.admit_op("get_next", "sample", size)):  # wait, then lock and sample
@@ -125,6 +131,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         num_parallel_calls: int | None = None,
         sequence_preprocess_fn: Callable[[Nest], Nest] | None = None,
         single_deterministic_pass: bool = False,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """A `tf.data.Dataset` of `(items, BufferInfo)`.
 
@@ -143,9 +150,12 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           sequence_preprocess_fn: applied to the (time-stacked, batched) items
             of every element before it is returned.
           single_deterministic_pass: one ordered pass instead of sampling.
+          transform: as in `get_next`, applied to every element's sample.
         """
         self._gate.check_open("as_dataset")
-        self._check_sample_args("as_dataset", sample_batch_size, num_steps)
+        self._check_sample_args("as_dataset", sample_batch_size, num_steps, transform)
+        if transform is not None and single_deterministic_pass:
+            raise ValueError("as_dataset: transform must be None with single_deterministic_pass (which does not draw).")
         if num_parallel_calls not in (None, tf.data.AUTOTUNE):
             specs.check_positive_int("as_dataset", "num_parallel_calls", num_parallel_calls)
         if sequence_preprocess_fn is not None and not callable(sequence_preprocess_fn):
@@ -153,7 +163,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         if single_deterministic_pass:
             ds = self._single_pass_dataset(sample_batch_size, num_steps, num_parallel_calls)
         else:
-            ds = self._sample_dataset(sample_batch_size, num_steps, num_parallel_calls)
+            ds = self._sample_dataset(sample_batch_size, num_steps, num_parallel_calls, transform)
         if sequence_preprocess_fn is not None:
             fn = sequence_preprocess_fn
             ds = ds.map(lambda items, info: (fn(items), info), num_parallel_calls=num_parallel_calls)
@@ -164,11 +174,16 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         return ds
 
     def _sample_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """Fresh samples, one drawn per element, each once the rate limiter admits it; endless until `close()`."""
         return self._gate.ticks(counter_dataset(), sample_batch_size or 1).map(
-            lambda _: self._sample_tensors(sample_batch_size, num_steps), num_parallel_calls=num_parallel_calls
+            lambda _: self._sample_tensors(sample_batch_size, num_steps, transform),
+            num_parallel_calls=num_parallel_calls,
         )
 
     def gather_all(self) -> Nest:
@@ -192,7 +207,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         """
         self._gate.close()
 
-    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any) -> None:
+    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any, transform: Any = None) -> None:
         specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)
         specs.check_positive_int(where, "num_steps", num_steps, allow_none=True)
         longest = self._max_window()
@@ -213,10 +228,14 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     def _add_batch(self, items: Nest) -> Any: ...
 
     @abc.abstractmethod
-    def _get_next(self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool) -> Any: ...
+    def _get_next(
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
+    ) -> Any: ...
 
     @abc.abstractmethod
-    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+    def _sample_tensors(
+        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
+    ) -> tuple[Nest, BufferInfo]:
         """One time-stacked sample as tensors, usable inside a dataset map."""
 
     @abc.abstractmethod

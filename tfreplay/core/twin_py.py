@@ -141,24 +141,27 @@ class PyBuffer(ComposedBuffer):
             self._gate.call(where, "insert", n, lambda: self._exclusive(write))
 
     def _get_next(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
     ) -> tuple[Nest, BufferInfo]:
         size = 1 if sample_batch_size is None else sample_batch_size
-        items, ids, probs, count = self._exclusive(lambda: self._read_sample(size, num_steps))
-        self._guard(count, None, "get_next", num_steps)
-        return self._package(items, ids, probs, sample_batch_size is not None, num_steps, time_stacked)
+        items, ids, probs, count = self._exclusive(lambda: self._read_sample(size, num_steps, transform))
+        self._guard(count, None, "get_next", num_steps, transform)
+        return self._package(items, ids, probs, sample_batch_size is not None, num_steps, time_stacked, transform)
 
-    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+    def _sample_tensors(
+        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
+    ) -> tuple[Nest, BufferInfo]:
         outer = ([] if sample_batch_size is None else [sample_batch_size]) + ([] if num_steps is None else [num_steps])
         probs_shape = [] if sample_batch_size is None else [sample_batch_size]
+        item_spec = self._storage.item_spec if transform is None else transform.output_spec(self._storage.item_spec)
 
         def sample() -> tuple:  # admitted by the dataset's tick; given back if it fails
-            draw = lambda: self._get_next(sample_batch_size, num_steps, True)  # noqa: E731
+            draw = lambda: self._get_next(sample_batch_size, num_steps, True, transform)  # noqa: E731
             items, info = self._gate.settled("sample", sample_batch_size or 1, draw)
             return items, info.ids, info.probabilities
 
         out_specs = (
-            tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), self._storage.item_spec),
+            tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), item_spec),
             tf.TensorSpec(outer, tf.int64),
             tf.TensorSpec(probs_shape, tf.float32),
         )
@@ -166,7 +169,11 @@ class PyBuffer(ComposedBuffer):
         return items, BufferInfo(ids=ids, probabilities=probs)
 
     def _sample_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """Samples for `_DATASET_BLOCK` elements per NumPy call, split into elements.
 
@@ -179,7 +186,7 @@ class PyBuffer(ComposedBuffer):
         block, size = _DATASET_BLOCK if self._gate.limiter is None else 1, sample_batch_size or 1
 
         def draw(_: Any) -> tuple:
-            items, info = self._sample_tensors(block * size, num_steps)
+            items, info = self._sample_tensors(block * size, num_steps, transform)
             split = lambda x: tf.reshape(x, [block] + ([size] if sample_batch_size else []) + x.shape[1:])  # noqa: E731
             return tf.nest.map_structure(split, (items, info))
 

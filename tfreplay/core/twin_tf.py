@@ -222,42 +222,48 @@ class TFBuffer(ComposedBuffer):
             return self._exclusive(lambda: self._write_locked(leaves, 1))
 
     def _get_next(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
     ) -> tuple[Nest, BufferInfo]:
         if not tf.executing_eagerly():
-            items, info = self._sample_tensors(sample_batch_size, num_steps)
+            items, info = self._sample_tensors(sample_batch_size, num_steps, transform)
         else:
             # Eagerly the emptiness check is a Python test of the count: a graph assertion costs more than it.
-            key = f"sample/{sample_batch_size}/{num_steps}"
-            fn = self._eager.get(key, lambda: self._unchecked_sample(sample_batch_size, num_steps))
+            key = f"sample/{sample_batch_size}/{num_steps}/{transform!r}"
+            fn = self._eager.get(key, lambda: self._unchecked_sample(sample_batch_size, num_steps, transform))
             items, info, count = fn()
             if count.numpy() <= 0:
-                raise ValueError(self.empty_message("get_next", num_steps))
+                raise ValueError(self.empty_message("get_next", num_steps, transform))
         return self._split_steps(items, info, sample_batch_size is not None, num_steps, time_stacked)
 
-    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
-        items, info, count = self._unchecked_sample(sample_batch_size, num_steps)
+    def _sample_tensors(
+        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
+    ) -> tuple[Nest, BufferInfo]:
+        items, info, count = self._unchecked_sample(sample_batch_size, num_steps, transform)
         count = self._gate.settle_op("get_next", "sample", sample_batch_size or 1, count > 0, count)  # refund if empty
         with tf.name_scope(self._scope):
-            return self._guard(count, (items, info), "get_next", num_steps)
+            return self._guard(count, (items, info), "get_next", num_steps, transform)
 
-    def _unchecked_sample(self, sample_batch_size: int | None, num_steps: int | None) -> tuple:
+    def _unchecked_sample(self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None) -> tuple:
         """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
         size = 1 if sample_batch_size is None else sample_batch_size
         with tf.device(self._device), tf.name_scope(self._scope):
-            items, ids, probs, count = self._locked_sample(size, num_steps)
-        items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True)
+            items, ids, probs, count = self._locked_sample(size, num_steps, transform)
+        items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True, transform)
         return items, info, count
 
-    def _locked_sample(self, size: int, num_steps: int | None) -> tuple:
+    def _locked_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
         """Ring windows: one graph under the lock. Through the episode index: an XLA-compiled draw, then the read."""
-        if self._window is None or under_xla():
-            return self._exclusive(lambda: self._read_sample(size, num_steps))
-        plan = self._eager.get(f"plan/{size}/{num_steps}", lambda: self._sample_plan(size, num_steps), jit_compile=True)
+        if self._windows(transform)[0] is None or under_xla():
+            return self._exclusive(lambda: self._read_sample(size, num_steps, transform))
+        plan = self._eager.get(
+            f"plan/{size}/{num_steps}/{transform!r}",
+            lambda: self._sample_plan(size, num_steps, transform),
+            jit_compile=True,
+        )
 
         def call() -> tuple:
             read_plan, ids, probs, count = plan()
-            return self._storage.read(read_plan, num_steps, self._ops), ids, probs, count
+            return self._read_planned(read_plan, num_steps, transform), ids, probs, count
 
         return locked_call(self._lock, call)
 
@@ -266,8 +272,9 @@ class TFBuffer(ComposedBuffer):
         priorities = tf.convert_to_tensor(priorities, tf.float64)
         if tf.executing_eagerly():
             check_priorities(ids.shape, priorities.shape, priorities.numpy())
+            shape = [None] * ids.shape.rank  # one trace for any number of ids
             fn = self._eager.get(
-                "update", self._update, tf.TensorSpec(ids.shape, tf.int64), tf.TensorSpec(ids.shape, tf.float64)
+                f"update/{len(shape)}", self._update, tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape, tf.float64)
             )
             return fn(ids, priorities)
         check_priorities(ids.shape, priorities.shape, None)

@@ -105,8 +105,11 @@ class Sampling:
                 return drawn
         raise ValueError(self._empty_message("get_next", num_steps))
 
-    def _get_next(self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool) -> tuple:
+    def _get_next(
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
+    ) -> tuple:
         self._check_open("get_next")
+        _no_transform("get_next", transform)
         leaves, ids, probs = self._draw(sample_batch_size or 1, num_steps)
         return self._package(leaves, ids, probs, sample_batch_size is not None, num_steps, time_stacked)
 
@@ -126,9 +129,14 @@ class Sampling:
         return leaves, tf.TensorSpec(outer, tf.int64), tf.TensorSpec(outer[:1], tf.float32)
 
     def _sample_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """Requests kept `num_parallel_calls` (default `max_in_flight`) deep; each reply one element."""
+        _no_transform("as_dataset", transform)
         depth = num_parallel_calls if isinstance(num_parallel_calls, int) and num_parallel_calls > 0 else None
         depth = depth or self._max_in_flight
         size = sample_batch_size or 1
@@ -159,7 +167,10 @@ class Sampling:
         ds = tf.data.Dataset.from_generator(generate, output_signature=flat)
         return ds.map(pack).prefetch(depth)
 
-    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+    def _sample_tensors(
+        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
+    ) -> tuple[Nest, BufferInfo]:
+        _no_transform("as_dataset", transform)
         leaf_specs, ids_spec, probs_spec = self._out_specs(sample_batch_size, num_steps)
 
         def draw() -> list:
@@ -194,3 +205,11 @@ def _admission(ref: Any) -> None:
         ray.get(ref)
     except ray.exceptions.RayTaskError as err:
         raise (err.cause if isinstance(err.cause, Exception) else err) from None
+
+
+def _no_transform(where: str, transform: Any) -> None:
+    if transform is not None:
+        raise ValueError(
+            f"{where}: transform ({type(transform).__name__}) must be None for the sharded service; "
+            "apply it to the samples in the learner."
+        )

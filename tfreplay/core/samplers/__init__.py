@@ -5,7 +5,9 @@ index, the random source) and returns window starts. Its interface:
 
 * `bind(make, num_rows)`: create its state (variables or arrays) through the
   twin's `make(name, shape, dtype)`, so checkpoints include it; returns the sampler.
-* `on_write(ops, rows)`: the storage rows just written (update ops, or `[]`).
+* `on_write(ops, rows, startable)`: the storage rows just written (returns
+  update ops, or `[]`); `startable` says per row whether it can ever start a
+  window (False: a frame buffer's first frames), or is None (all can).
 * `sample(view, size, num_steps)`: `(segment, t, probabilities, count)`:
   `size` windows starting at local id `t` of `segment`, each one's
   probability, and how many windows could be drawn (0: none).
@@ -32,7 +34,12 @@ class View:
 
     `window` is None when episodes do not matter (plain ring windows);
     otherwise windows are drawn through the episode index (`pos_at`,
-    `pos_counts`) with the storage's window shape.
+    `pos_counts`) with the storage's window shape. With `padded`, windows may
+    run past their episode's end (`episodes.young_starts` is the rule;
+    `ended[s]`: whether segment `s`'s newest item carries an end flag).
+    A sampler says what it draws beyond plain ring windows with
+    `episode_windows = True` (strict windows through the index) and
+    `padded_windows = True`; the buffer refuses other requests.
     """
 
     ops: Any
@@ -44,3 +51,5 @@ class View:
     window: Shape | None = None
     pos_at: Callable[[Any], Any] | None = None
     pos_counts: Any = None
+    padded: bool = False
+    ended: Any = None
