@@ -1,8 +1,9 @@
-"""Install tfreplay: `pip install .` (add `[test]`, `[examples]`, `[bench]` or `[dev]`)."""
+"""Install tfreplay: `pip install .` (add `[test]`, `[examples]`, `[ray]`, `[bench]` or `[dev]`)."""
 
 from setuptools import find_packages, setup
 
 EXAMPLES = ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
+RAY = ["ray==2.60.0"]  # tfreplay.distributed, the sharded replay service (imported only there)
 TEST = [
     "pytest>=7",
     "hypothesis>=6.80",
@@ -13,7 +14,7 @@ TEST = [
     "nbclient>=0.9",
     "nbformat>=5.9",
     "ipykernel>=6.20",
-] + EXAMPLES
+] + EXAMPLES + RAY
 
 setup(
     name="tfreplay",
@@ -34,6 +35,7 @@ setup(
     extras_require={
         "test": TEST,
         "examples": EXAMPLES,
+        "ray": RAY,
         "bench": ["cpprb>=10.7"],  # benchmarks/prioritized.py compares against its PrioritizedReplayBuffer
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],
     },

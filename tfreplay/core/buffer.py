@@ -125,6 +125,13 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         """Bytes of item storage (the index and counters add a few per row)."""
         return self._storage.nbytes
 
+    def sampling_mass(self, num_steps: int | None = None) -> Any:
+        """What a sample draws from now: the number of valid windows (uniform), or their summed
+        `priority ** alpha` (prioritized). A window's probability is its weight over this; a sharded
+        service (`tfreplay.distributed`) weighs its shards by it."""
+        self._check_sample_args("sampling_mass", None, num_steps)
+        return self._exclusive(lambda: self._sampler.mass(self._view(), num_steps))
+
     def checkpoint_layout(self) -> dict:
         """What a checkpoint must match to restore into this buffer (see `checkpoint.layout`)."""
         history_len = getattr(self._storage, "history_len", None)

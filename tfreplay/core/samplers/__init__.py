@@ -11,6 +11,9 @@ index, the random source) and returns window starts. Its interface:
 * `sample(view, size, num_steps)`: `(segment, t, probabilities, count)`:
   `size` windows starting at local id `t` of `segment`, each one's
   probability, and how many windows could be drawn (0: none).
+* `mass(view, num_steps)`: the total weight `sample` draws from now (the
+  number of valid windows, or their summed priority); a sharded service
+  weighs its shards by it.
 * `update(view, ids, priorities)`: new priorities (returns `(updates, stale
   count)`), and `clear(ops)`: no-ops for uniform sampling.
 

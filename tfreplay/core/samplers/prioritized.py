@@ -118,6 +118,13 @@ class PrioritizedSampler:
         """New items enter at the largest priority given so far."""
         return ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
 
+    def mass(self, view: View, num_steps: int | None) -> Any:
+        """The summed `priority ** alpha` of the windows `sample` draws from (0 when it counts as empty)."""
+        ops, n = view.ops, num_steps or 1
+        mass = self.tree.total(ops)
+        total = mass - excluded_mass(view, self.tree, n)
+        return ops.where(total > mass * _EMPTY_SHARE, total, ops.zeros_like(total))
+
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         ops, n = view.ops, num_steps or 1
         if view.window is not None and n > 1 and not view.padded:

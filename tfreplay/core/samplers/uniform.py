@@ -49,6 +49,22 @@ class UniformSampler:
     def clear(self, ops: Any) -> list:
         return []
 
+    def mass(self, view: View, num_steps: int | None) -> Any:
+        """How many windows `sample` draws from now (each with probability `1 / mass`); its count, drawing nothing."""
+        n, ops = num_steps or 1, view.ops
+        if view.window is None:
+            _, num_live = ring.live_range(view.num_adds[0], view.max_length, ops)
+            return ops.maximum(num_live - n + 1, 0) * view.num_segments
+        assert view.pos_at is not None  # a window goes with the episode index
+        window, pos_at = view.window, view.pos_at
+        if not view.padded:
+            return window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, n, ops)
+        young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ended, ops)
+        if window.lead == 0 and window.history == 0:
+            _, counts = window.draw_range(view.num_adds, view.max_length, 1, ops)
+            return ops.sum(ops.maximum(counts - young, 0))
+        return window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, 1, ops) - ops.sum(young)
+
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         n, ops = num_steps or 1, view.ops
         if view.window is None:  # ring windows: segments advance together, so each has `per` starts
