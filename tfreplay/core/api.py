@@ -29,6 +29,10 @@ class BufferInfo(NamedTuple):
     probabilities: Any
 
 
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, tf.Variable)
+
+
 def counter_dataset() -> tf.data.Dataset:
     if hasattr(tf.data.Dataset, "counter"):
         return tf.data.Dataset.counter()
@@ -69,6 +73,10 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     def stateful_dataset(self) -> bool:
         return self._stateful_dataset
 
+    def variables(self) -> tuple:  # type: ignore[override]
+        """Every `tf.Variable` of the buffer: a method, as in TF-Agents (`tf.Module` has a property)."""
+        return tuple(self._flatten(predicate=_is_variable, expand_composites=True))
+
     def num_frames(self) -> Any:
         """How many items are stored now (not how many were ever added)."""
         return self._num_frames()
@@ -104,7 +112,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           ValueError: a non-positive size, `num_steps` longer than a segment, or
             an empty buffer (in a graph: `tf.errors.InvalidArgumentError`).
         """
-        self._check_sample_args("get_next", sample_batch_size, num_steps)
+        sample_batch_size, num_steps = self._sample_args("get_next", sample_batch_size, num_steps)
         return self._get_next(sample_batch_size, num_steps, time_stacked)
 
     def as_dataset(
@@ -130,7 +138,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
             of every element before it is returned.
           single_deterministic_pass: one ordered pass instead of sampling.
         """
-        self._check_sample_args("as_dataset", sample_batch_size, num_steps)
+        sample_batch_size, num_steps = self._sample_args("as_dataset", sample_batch_size, num_steps)
         if num_parallel_calls not in (None, tf.data.AUTOTUNE):
             specs.check_positive_int("as_dataset", "num_parallel_calls", num_parallel_calls)
         if sequence_preprocess_fn is not None and not callable(sequence_preprocess_fn):
@@ -163,6 +171,13 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     def clear(self) -> Any:
         """Empties the buffer; capacity and spec stay."""
         return self._clear()
+
+    def _sample_args(self, where: str, sample_batch_size: Any, num_steps: Any) -> tuple[Any, Any]:
+        """The sizes as Python ints (scalar tensors and NumPy integers too), checked."""
+        sample_batch_size = specs.static_int(where, "sample_batch_size", sample_batch_size)
+        num_steps = specs.static_int(where, "num_steps", num_steps)
+        self._check_sample_args(where, sample_batch_size, num_steps)
+        return sample_batch_size, num_steps
 
     def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any) -> None:
         specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)
