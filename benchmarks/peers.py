@@ -17,9 +17,10 @@ Every buffer is full before anything is timed. Modes, per call:
                  reverb (a trajectory writer per env, an item per window, flushed per batch);
   as_dataset     `next()` on `as_dataset(B, num_steps=2).prefetch(AUTOTUNE)` at steady state
                  (reverb: `TrajectoryDataset(...).batch(B)`).
-Each row is timed in alternating blocks with its NumPy floor (`cases.numpy_add`:
-preallocated assignment; `cases.numpy_gather`: `take` of the window rows),
-so "x NumPy" shares the run's load. "vs TF-Agents" = TF-Agents' µs / this
+The libraries of one op and mode and their NumPy floor (`cases.numpy_add`:
+preallocated assignment; `cases.numpy_gather`: `take` of the window rows) are
+timed round-robin, block by block, so every ratio in a group shares the run's
+load; a figure is the median over `--repeats` blocks. "vs TF-Agents" = TF-Agents' µs / this
 row's µs in the same mode (TF-Agents' TF buffer for TF modes, its Py buffer for
 Py and the NumPy datasets): above 1 is faster.
 """
@@ -38,7 +39,7 @@ import tensorflow as tf
 
 import tfreplay
 from benchmarks import cases
-from benchmarks.timing import Bench, compare
+from benchmarks.timing import Bench, Timing, calibrate, run_block
 from benchmarks.workloads import ATARI, CARTPOLE, Workload
 
 TARGETS = {("add_batch", "eager"): 2.0, ("get_next", "eager"): 2.0, ("as_dataset", "TF"): 2.0}
@@ -232,14 +233,31 @@ def build_peers(w: Workload, s: cases.Subjects, skipped: Dict[str, str]) -> Dict
     return peers
 
 
+def round_robin(benches: List[Bench], repeats: int, block: float) -> List[Timing]:
+    """Times every bench in turn, `repeats` rounds (each round starting one later), so all share the load."""
+    warmup = min(0.5, block)
+    calls = [calibrate(b, block, warmup) for b in benches]
+    times: List[List[float]] = [[] for _ in benches]
+    for r in range(repeats):
+        for k in range(len(benches)):
+            i = (k + r) % len(benches)
+            times[i].append(run_block(benches[i], calls[i], block))
+    return [Timing(t) for t in times]
+
+
 def time_rows(all_rows: List[Row], s: cases.Subjects, repeats: int, block: float) -> List[Result]:
+    """Each (op, mode) group's libraries and its NumPy floor, timed round-robin."""
     results = []
     baselines = {"add": lambda: cases.numpy_add(s), "gather": lambda: cases.numpy_gather(s)}
+    groups: Dict[tuple, List[Row]] = {}
     for r in all_rows:
-        subject = r.build()
-        mine, base = compare(subject, baselines[r.baseline](), repeats, block)
-        results.append(Result(r, mine.median * 1e6, base.median * 1e6, mine.spread / 2))
-        del subject
+        groups.setdefault((r.op, r.mode), []).append(r)
+    for group in groups.values():
+        benches = [r.build() for r in group] + [baselines[group[0].baseline]()]
+        timings = round_robin(benches, repeats, block)
+        numpy_us = timings[-1].median * 1e6
+        results += [Result(r, t.median * 1e6, numpy_us, t.spread / 2) for r, t in zip(group, timings)]
+        del benches
         gc.collect()
     return results
 
@@ -280,7 +298,7 @@ def table(results: List[Result]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=["cartpole", "atari", "all"], default="all")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block", type=float, default=0.1)
     parser.add_argument("--quick", action="store_true", help="1,024-row segments, 3 repeats")
     args = parser.parse_args()
