@@ -56,24 +56,33 @@ class PyUniformReplayBuffer(buffers.PyUniformReplayBuffer):
         flat = [_exact_int(x, dtype) if dtype else x for x, dtype in zip(flat, self._int_leaves)]
         return super().add_batch(tf.nest.pack_sequence_as(self._data_spec, flat))
 
-    def get_next(self, sample_batch_size: Any = None, num_steps: Any = None, time_stacked: bool = True) -> Nest:
+    def get_next(  # type: ignore[override]
+        self, sample_batch_size: Any = None, num_steps: Any = None, time_stacked: bool = True, *, transform: Any = None
+    ) -> Nest:
         """The sampled items alone, as TF-Agents' NumPy buffer returns them."""
-        items, _ = super().get_next(sample_batch_size, num_steps, time_stacked)
+        items, _ = super().get_next(sample_batch_size, num_steps, time_stacked, transform)
         if num_steps is not None and not time_stacked:
             return tuple(self._as_given(step) for step in items)
         return self._as_given(items)
 
-    def as_dataset(
+    def as_dataset(  # type: ignore[override]
         self,
         sample_batch_size: Any = None,
         num_steps: Any = None,
         num_parallel_calls: Any = None,
         sequence_preprocess_fn: Callable[[Nest], Nest] | None = None,
         single_deterministic_pass: bool = False,
+        *,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """A dataset of items alone (no `BufferInfo`), as TF-Agents' NumPy buffer yields them."""
         ds = super().as_dataset(
-            sample_batch_size, num_steps, num_parallel_calls, sequence_preprocess_fn, single_deterministic_pass
+            sample_batch_size,
+            num_steps,
+            num_parallel_calls,
+            sequence_preprocess_fn,
+            single_deterministic_pass,
+            transform,
         )
         return ds.map(lambda items, info: items)
 

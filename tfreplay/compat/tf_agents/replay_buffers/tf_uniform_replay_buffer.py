@@ -82,10 +82,10 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
     def table_fn(self) -> Callable | None:
         return self._table_fn
 
-    def get_next(
-        self, sample_batch_size: Any = None, num_steps: Any = None, time_stacked: bool = True
+    def get_next(  # type: ignore[override]
+        self, sample_batch_size: Any = None, num_steps: Any = None, time_stacked: bool = True, *, transform: Any = None
     ) -> tuple[Nest, BufferInfo]:
-        items, info = super().get_next(sample_batch_size, num_steps, time_stacked)
+        items, info = super().get_next(sample_batch_size, num_steps, time_stacked, transform)
         return self._repack(items, num_steps is not None and not time_stacked), info
 
     def as_dataset(  # type: ignore[override]
@@ -96,12 +96,18 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
         single_deterministic_pass: bool = False,
         *,
         sequence_preprocess_fn: Callable[[Nest], Nest] | None = None,
+        transform: Any = None,
     ) -> tf.data.Dataset:
-        """TF-Agents' argument order; `sequence_preprocess_fn` (tfreplay's) by keyword only."""
+        """TF-Agents' argument order; tfreplay's `sequence_preprocess_fn` and `transform` by keyword only."""
         if single_deterministic_pass and self._drop_remainder:
             self._check_pass_keeps_data(sample_batch_size, num_steps)
         return super().as_dataset(
-            sample_batch_size, num_steps, num_parallel_calls, sequence_preprocess_fn, single_deterministic_pass
+            sample_batch_size,
+            num_steps,
+            num_parallel_calls,
+            sequence_preprocess_fn,
+            single_deterministic_pass,
+            transform,
         )
 
     def gather_all(self) -> Nest:
