@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo bench bench-prioritized lint venv clean
+.PHONY: test demo bench bench-prioritized lint venv clean test-compat bench-peers
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,8 @@ $(STAMP): setup.py | $(VENV)/bin/python
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials
-	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials/build_notebooks.py
+	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials compat_tests
+	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials/build_notebooks.py compat_tests
 	$(PY) -m mypy tfreplay
 
 test: $(STAMP) lint
@@ -38,6 +38,30 @@ $(VENV)/.installed-bench: setup.py $(STAMP)
 
 bench-prioritized: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.prioritized
+# The compatibility lane: its own venv (TF 2.15.1, TF-Agents 0.19.0 and their pins), built once and reused.
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-compat
+# TF-Agents' replay-buffer tests, run from the installed wheel (found without importing tf_agents).
+TFA_DIR = $(shell $(COMPAT_PY) -c "import importlib.util as u; print(u.find_spec('tf_agents').submodule_search_locations[0])")/replay_buffers
+
+$(COMPAT_STAMP): compat_tests/requirements.txt
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade pip
+	$(COMPAT_PY) -m pip install --quiet -r compat_tests/requirements.txt
+	$(COMPAT_PY) -m pip install --quiet dm-reverb==0.14.0 || echo "dm-reverb 0.14.0 did not install: bench-peers skips it"
+	touch $(COMPAT_STAMP)
+
+# TF-Agents' own tests against tfreplay.compat (imports redirected by compat_tests/redirect.py), the interop
+# tests, then tfreplay's suite on TF 2.15: one pytest run, one summary line.
+test-compat: $(COMPAT_STAMP)
+	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m pytest -q -c compat_tests/pytest.ini --rootdir=$(CURDIR) -k "not WithHashing" \
+		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
+		compat_tests tests
+
+bench-peers: $(COMPAT_STAMP)
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.peers
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache .ruff_cache

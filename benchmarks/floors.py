@@ -39,7 +39,7 @@ def _iterator_floor(s: Subjects) -> Bench:
 def _graph_gather_floor(s: Subjects) -> Bench:
     """In a graph loop: uniform random rows, then one `tf.gather` per leaf."""
     w = s.workload
-    variables = s.tf_buffer.variables  # tf.Module: every variable it holds
+    variables = s.tf_buffer.variables()  # every variable it holds
     leaves = [v for v in variables if v.shape.rank and v.shape[0] == w.capacity]
 
     def step() -> List[tf.Tensor]:

@@ -106,7 +106,7 @@ def with_outer(spec, outer: list):
 
 def variables_bytes(rb) -> list:
     """Raw bytes of every variable a TF buffer holds (rows, counter, generator)."""
-    return [v.numpy().tobytes() for v in sorted(rb.variables, key=lambda v: v.name)]
+    return [v.numpy().tobytes() for v in sorted(rb.variables(), key=lambda v: v.name)]
 
 
 def coverage_draws(num_values: int, failure: float = 1e-9) -> int:

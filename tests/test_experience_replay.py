@@ -214,7 +214,8 @@ def test_dict_steps_give_dict_batches():
 
 def test_sampling_while_another_thread_adds_sees_whole_steps():
     replay = ExperienceReplay([], bs=4, max_sz=50, seed=0)
-    replay.add({"a": np.zeros(64), "b": np.zeros(64)})
+    for _ in range(4):  # a full batch before the writer starts: the first sample must not race it
+        replay.add({"a": np.zeros(64), "b": np.zeros(64)})
     stop = threading.Event()
 
     def writer():

@@ -30,6 +30,10 @@ class BufferInfo(NamedTuple):
     probabilities: Any
 
 
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, tf.Variable)
+
+
 def counter_dataset() -> tf.data.Dataset:
     if hasattr(tf.data.Dataset, "counter"):
         return tf.data.Dataset.counter()
@@ -70,6 +74,10 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     @property
     def stateful_dataset(self) -> bool:
         return self._stateful_dataset
+
+    def variables(self) -> tuple:  # type: ignore[override]
+        """Every `tf.Variable` of the buffer: a method, as in TF-Agents (`tf.Module` has a property)."""
+        return tuple(self._flatten(predicate=_is_variable, expand_composites=True))
 
     def num_frames(self) -> Any:
         """How many items are stored now (not how many were ever added)."""
@@ -114,7 +122,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           BufferClosedError: after `close()` (in a graph: `tf.errors.OutOfRangeError`).
           RateLimitTimeoutError: the `rate_limiter` did not admit it in time.
         """
-        self._check_sample_args("get_next", sample_batch_size, num_steps, transform)
+        sample_batch_size, num_steps = self._sample_args("get_next", sample_batch_size, num_steps, transform)
         if transform is not None and not time_stacked:
             raise ValueError("get_next: time_stacked (False) must be True with a transform, which maps whole windows.")
         size, gate = sample_batch_size or 1, self._gate
@@ -153,7 +161,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           transform: as in `get_next`, applied to every element's sample.
         """
         self._gate.check_open("as_dataset")
-        self._check_sample_args("as_dataset", sample_batch_size, num_steps, transform)
+        sample_batch_size, num_steps = self._sample_args("as_dataset", sample_batch_size, num_steps, transform)
         if transform is not None and single_deterministic_pass:
             raise ValueError("as_dataset: transform must be None with single_deterministic_pass (which does not draw).")
         if num_parallel_calls not in (None, tf.data.AUTOTUNE):
@@ -206,6 +214,13 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         traced and dataset iterators made before `close()` keep working.
         """
         self._gate.close()
+
+    def _sample_args(self, where: str, sample_batch_size: Any, num_steps: Any, transform: Any) -> tuple[Any, Any]:
+        """The sizes as Python ints (scalar tensors and NumPy integers too), checked."""
+        sample_batch_size = specs.static_int(where, "sample_batch_size", sample_batch_size)
+        num_steps = specs.static_int(where, "num_steps", num_steps)
+        self._check_sample_args(where, sample_batch_size, num_steps, transform)
+        return sample_batch_size, num_steps
 
     def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any, transform: Any = None) -> None:
         specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)

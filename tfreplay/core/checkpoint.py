@@ -348,6 +348,14 @@ registration.register_checkpoint_saver(
 )
 
 
+# What TF-Agents' replay buffers save under their key (TFUniformReplayBuffer; PyUniformReplayBuffer).
+TF_AGENTS_STATE = frozenset({"_data_spec", "_data_table", "_id_table", "_last_id", "_np_state", "_storage"})
+TF_AGENTS_HINT = (
+    " It looks like a TF-Agents replay buffer's checkpoint: load a TFUniformReplayBuffer's with "
+    "tfreplay.compat.tf_agents.restore_tf_agents_checkpoint(buffer, path)."
+)
+
+
 class RestoreGuard:
     """Base of a buffer (a `tf.Module`) whose checkpoint holds a `LayoutState` or `NumpyState` child.
 
@@ -374,6 +382,7 @@ class RestoreGuard:
                 f"{_WHERE}: the checkpoint's buffer state {name!r} must be one of this {where}'s "
                 f"({sorted(cached_dependencies)}); the checkpoint holds no {where} state of tfreplay "
                 f"format {FORMAT_VERSION} under this key (another buffer class or library wrote it)."
+                + (TF_AGENTS_HINT if name in TF_AGENTS_STATE else "")
             )
         if found is record:
             record._restoring = restore

@@ -94,6 +94,27 @@ def check_positive_int(where: str, name: str, value: Any, allow_none: bool = Fal
         raise ValueError(f"{where}: {name} ({value!r}) must be a positive integer.")
 
 
+def static_int(where: str, name: str, value: Any) -> Any:
+    """`value` as a Python int when it is an integer scalar tensor or NumPy integer (as TF-Agents accepts).
+
+    Sample shapes are fixed when a sample is traced, so a tensor's value must
+    be known then: an eager tensor or a graph constant.
+    """
+    if isinstance(value, np.integer):
+        return int(value)
+    if not tf.is_tensor(value):
+        return value
+    if not value.dtype.is_integer or value.shape.rank != 0:
+        raise ValueError(f"{where}: {name} ({value!r}) must be an integer scalar; got {value.dtype.name}{value.shape}.")
+    static = tf.get_static_value(value)
+    if static is None:
+        raise ValueError(
+            f"{where}: {name} ({value!r}) must have a value known when the sample is traced (a Python int, "
+            "an eager tensor or a constant); sample shapes are fixed then. Pass the size as a Python int."
+        )
+    return int(static)
+
+
 def flatten_items(where: str, data_spec: Nest, items: Nest) -> list[Any]:
     """Flattens `items` against the spec's structure, or raises `TypeError`.
 

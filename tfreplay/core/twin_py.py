@@ -92,6 +92,11 @@ class PyBuffer(ComposedBuffer):
             self._lock, lambda: dict(self._arrays), self._rng, layout=self.checkpoint_layout()
         )
 
+    @property
+    def size(self) -> int:
+        """How many items are stored now (TF-Agents' `PyUniformReplayBuffer.size`; also `num_frames()`)."""
+        return self._num_frames()
+
     def _init_state(self) -> None:
         object.__setattr__(self, "_lock", threading.Lock())
 

@@ -141,7 +141,8 @@ class TFBuffer(ComposedBuffer):
         **options: Any,
     ):
         self._device, self._scope, self._seed = device, scope, resolve_seed(seed)
-        name = re.sub(r"\W", "_", scope) or "buffer"  # a tf.Module name; the scope may be any string
+        name = re.sub(r"\W", "_", scope)  # a tf.Module name (an identifier); the scope may be any string
+        name = name if name[:1].isalpha() or name[:1] == "_" else f"buffer_{name}"
         super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
         object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, batch_size))
         self._layout_record = checkpoint.LayoutState(self.checkpoint_layout())
@@ -153,6 +154,10 @@ class TFBuffer(ComposedBuffer):
     @property
     def scope(self) -> str:
         return self._scope
+
+    def variables(self) -> tuple:
+        """Every variable of the buffer, the random generator's state included (what a v1 graph initializes)."""
+        return super().variables() + (self._rng.state,)
 
     def _init_state(self) -> None:
         self._state: dict = {}
