@@ -3,7 +3,17 @@
 `train_dqn(DqnConfig(...))` is what `python -m examples.demo` runs; tests and
 the tutorials call it with small step counts. One vectorised `StepDriver`
 feeds a `TFUniformReplayBuffer` through its `add_batch` observer; the learner
-reads single transitions, `experience_dataset(buffer, batch_size)`. With an
+reads single transitions, `experience_dataset(buffer, batch_size)`.
+
+`prioritized=True` uses a `TFPrioritizedReplayBuffer` instead: each train
+step is one `tf.function` (`prioritized_train_step`) that weighs the
+sampled batch by its importance weights (beta annealed from `beta` to 1 over
+the run), trains, and gives the sampled items their new priorities,
+`|TD error| + priority_eps`. `n_step > 1` reads `NStepReturns(n_step,
+gamma)` items, whose `discount` holds the whole bootstrap factor, so the
+agent is built with `gamma=1.0` (gamma is applied once, by the transform);
+with `n_step=1` the learner reads stored transitions and the agent applies
+gamma, the cheapest read. With an
 `output_dir` it checkpoints agent, buffer and counters (`resume=True`
 continues), writes TensorBoard summaries, `history.json` and a learning-curve
 PNG. The same config (seed included) gives the same run: networks,
@@ -25,8 +35,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from tfreplay.agents import DqnAgent, make_q_network
-from tfreplay.buffers import TFUniformReplayBuffer
+from tfreplay.agents import DqnAgent, LossInfo, make_q_network
+from tfreplay.buffers import TFPrioritizedReplayBuffer, TFUniformReplayBuffer, importance_weights
+from tfreplay.core import specs
 from tfreplay.core.api import ReplayBuffer
 from tfreplay.drivers import StepDriver, make_vector_env, transition_spec
 from tfreplay.observers import AverageEpisodeLength, AverageReturn
@@ -64,6 +75,20 @@ class DqnConfig:
     output_dir: str | None = None
     resume: bool = False
     progress: bool = True
+    prioritized: bool = False  # TFPrioritizedReplayBuffer, priorities |TD error| + priority_eps
+    alpha: float = 0.6  # how much priorities count (0: uniform)
+    beta: float = 0.4  # importance-weight exponent when learning starts, annealed linearly to 1 at the end
+    priority_eps: float = 1e-6  # keeps every item drawable
+    n_step: int = 1  # > 1: learn from n-step returns (NStepReturns)
+
+    def __post_init__(self) -> None:
+        specs.check_positive_int("DqnConfig", "n_step", self.n_step)
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"DqnConfig: beta ({self.beta!r}) must be in [0, 1].")
+        if not self.priority_eps > 0.0:
+            raise ValueError(
+                f"DqnConfig: priority_eps ({self.priority_eps!r}) must be positive, so every item can be drawn."
+            )
 
 
 @dataclasses.dataclass
@@ -84,7 +109,7 @@ class TrainResult:
     history: list
     output_dir: str | None
     agent: DqnAgent
-    buffer: TFUniformReplayBuffer
+    buffer: ReplayBuffer
 
     def summary(self) -> str:
         return (
@@ -102,7 +127,36 @@ def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
     return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
 
 
-def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int) -> tf.data.Dataset:
+def linear_beta(config: DqnConfig, env_steps: int) -> float:
+    """The importance-weight exponent: `beta` when learning starts, then linear to 1 at `num_env_steps`."""
+    span = max(config.num_env_steps - config.initial_collect_steps, 1)
+    fraction = min(max(env_steps - config.initial_collect_steps, 0) / span, 1.0)
+    return config.beta + fraction * (1.0 - config.beta)
+
+
+def prioritized_train_step(
+    agent: DqnAgent, buffer: Any, experience: tuple, beta: Any, priority_eps: float = 1e-6
+) -> LossInfo:
+    """Trains on a prioritized sample and gives its items their new priorities; call it inside a `tf.function`.
+
+    Args:
+      agent: the agent to train.
+      buffer: the prioritized buffer the sample came from.
+      experience: `(items, BufferInfo)` from its `as_dataset` or `get_next`.
+      beta: the importance-weight exponent (a float or a scalar tensor).
+      priority_eps: added to `|TD error|` so no item's priority is 0.
+
+    Returns:
+      The agent's `LossInfo`.
+    """
+    items, info = experience
+    weights = importance_weights(info.probabilities, buffer.num_frames(), beta)
+    loss_info = agent.train(items, weights)
+    buffer.update_priorities(info.ids, tf.cast(loss_info.abs_td_errors, tf.float64) + priority_eps)
+    return loss_info
+
+
+def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int, transform: Any = None) -> tf.data.Dataset:
     """What the learner reads: batches of single transitions, each drawn when asked.
 
     A `Transition` holds its own `next_observation`, so a TD target needs no
@@ -113,15 +167,26 @@ def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int) -> tf.data.
     the run, are the same for the same seed.
 
     Args:
-      buffer: a uniform replay buffer of `Transition`s.
+      buffer: a replay buffer of `Transition`s.
       sample_batch_size: transitions per element.
+      transform: applied at sample time, e.g. `NStepReturns(n, gamma)`.
 
     Returns:
       A dataset of `(Transition [sample_batch_size, ...], BufferInfo)`.
     """
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False  # a prefetch thread would race the collector
-    return buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None).with_options(options)
+    kwargs = {} if transform is None else {"transform": transform}
+    return buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None, **kwargs).with_options(options)
+
+
+def n_step_transform(config: DqnConfig) -> Any:
+    """`NStepReturns(n_step, gamma)` when `n_step > 1`, else None (stored transitions, discounted by the agent)."""
+    if config.n_step == 1:
+        return None
+    from tfreplay import NStepReturns
+
+    return NStepReturns(n=config.n_step, gamma=config.gamma)
 
 
 def evaluate(env_id: str, policy: Callable, num_episodes: int = 20, seed: int | None = None) -> list[float]:
@@ -236,20 +301,25 @@ class _Run:
             num_actions,
             q_network,
             tf_keras.optimizers.Adam(_learning_rate(c)),
-            gamma=c.gamma,
+            gamma=c.gamma if c.n_step == 1 else 1.0,  # n-step items are discounted by the transform
             target_update_period=c.target_update_period,
             target_update_tau=c.target_update_tau,
             gradient_clipping=c.gradient_clipping,
         )
-        self.buffer = TFUniformReplayBuffer(
-            spec, batch_size=c.num_envs, max_length=max(c.buffer_size // c.num_envs, 2), seed=c.seed
-        )
+        max_length = max(c.buffer_size // c.num_envs, c.n_step + 1)
+        self.buffer: ReplayBuffer
+        if c.prioritized:
+            self.buffer = TFPrioritizedReplayBuffer(spec, c.num_envs, max_length, alpha=c.alpha, seed=c.seed)
+            step = lambda e, beta: prioritized_train_step(self.agent, self.buffer, e, beta, c.priority_eps)  # noqa: E731
+            self._prioritized_step = tf.function(step)
+        else:
+            self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed)
         self.returns, self.lengths = AverageReturn(20), AverageEpisodeLength(20)
         policy = self.agent.policy(lambda: linear_epsilon(c, int(self.env_steps.numpy())), seed=c.seed)
         self.driver = StepDriver(
             self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
         )
-        self.samples = iter(experience_dataset(self.buffer, c.batch_size))
+        self.samples = iter(experience_dataset(self.buffer, c.batch_size, n_step_transform(c)))
         self.history: list[dict] = []
         self.best_q_network = tf_keras.models.clone_model(q_network)
         self.best_q_network.set_weights(q_network.get_weights())
@@ -285,9 +355,16 @@ class _Run:
             return loss, credit
         credit += c.train_steps_per_env_step * c.num_envs
         while credit >= 1.0:
-            loss = float(self.agent.train(next(self.samples)).loss)
+            loss = float(self.train_once().loss)
             credit -= 1.0
         return loss, credit
+
+    def train_once(self) -> LossInfo:
+        """One train step on the next sample (with priorities: weights, train, update, one graph)."""
+        if not self.config.prioritized:
+            return self.agent.train(next(self.samples))
+        beta = tf.constant(linear_beta(self.config, int(self.env_steps.numpy())), tf.float32)
+        return self._prioritized_step(next(self.samples), beta)
 
     def log(self, loss: float, elapsed: float) -> dict:
         finite = lambda x: float(x) if np.isfinite(x) else None  # noqa: E731  (JSON has no NaN)

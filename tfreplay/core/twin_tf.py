@@ -258,8 +258,11 @@ class TFBuffer(ComposedBuffer):
         priorities = tf.convert_to_tensor(priorities, tf.float64)
         if tf.executing_eagerly():
             check_priorities(ids.shape, priorities.shape, priorities.numpy())
-            fn = self._eager.get(
-                "update", self._update, tf.TensorSpec(ids.shape, tf.int64), tf.TensorSpec(ids.shape, tf.float64)
+            fn = self._eager.get(  # one concrete function per shape: each is traced for its shape
+                f"update/{ids.shape}",
+                self._update,
+                tf.TensorSpec(ids.shape, tf.int64),
+                tf.TensorSpec(ids.shape, tf.float64),
             )
             return fn(ids, priorities)
         check_priorities(ids.shape, priorities.shape, None)
