@@ -211,6 +211,11 @@ class DqnAgent(tf.Module):
             )
         return weights
 
+    @property
+    def gamma(self) -> float:
+        """The discount applied to each item's `discount` (1.0 for an agent reading `NStepReturns`)."""
+        return self._gamma
+
     def _td_targets(self, reward: tf.Tensor, discount: tf.Tensor, next_observation: Nest) -> tf.Tensor:
         best = tf.argmax(self.q_network(next_observation, training=False), axis=-1, output_type=tf.int32)
         next_q = tf.gather(self.target_q_network(next_observation, training=False), best, batch_dims=1)
