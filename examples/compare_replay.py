@@ -36,9 +36,11 @@ from tfreplay.training import DqnConfig, train_dqn  # noqa: E402
 VARIANTS = {
     "uniform": {},
     "PER + 3-step": {"prioritized": True, "n_step": 3},
+    "PER": {"prioritized": True},  # each change alone, to tell their effects apart
+    "3-step": {"n_step": 3},
 }
 
-flags.DEFINE_list("variants", list(VARIANTS), f"Which replays to run, of {list(VARIANTS)}.")
+flags.DEFINE_list("variants", ["uniform", "PER + 3-step"], f"Which replays to run, of {list(VARIANTS)}.")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds to run each variant with.")
 flags.DEFINE_string("results", "/tmp/compare_replay.jsonl", "JSON lines, one per finished run (kept across calls).")
 flags.DEFINE_boolean("table_only", False, "Print the table of the runs in --results without running any.")
