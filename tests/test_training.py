@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from tfreplay import PyUniformReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer, training
 from tfreplay.agents import DqnAgent, make_q_network
@@ -325,3 +326,67 @@ def test_the_comparison_table_reads_runs_that_missed_the_threshold_as_lower_boun
     lines = compare_replay.table(records).splitlines()
     assert lines[2] == "| uniform (seeds 0, 1) | 40,000, 50,000 | 45,000 | 500.0, 480.0 | 200 |"
     assert lines[3] == "| PER + 3-step (seeds 0, 1) | not in 100,000, 20,000 | > 60,000 | 300.0, 490.5 | 200 |"
+
+
+def test_n_step_training_targets_are_the_n_step_returns_of_the_stored_episodes():
+    # One segment: an episode terminated at t=3, one truncated at t=6, one still running (t=7, 8).
+    spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
+    rng = np.random.default_rng(3)
+    observations = rng.normal(size=(10, 2)).astype(np.float32)
+    rewards = rng.normal(size=9).astype(np.float32)
+    terminated, truncated = np.arange(9) == 3, np.arange(9) == 6
+    rb = TFUniformReplayBuffer(spec, batch_size=1, max_length=16, seed=3)
+    for t in range(9):
+        batch = tf.nest.map_structure(lambda s: np.zeros([1] + s.shape.as_list(), s.dtype.as_numpy_dtype), spec)
+        rb.add_batch(
+            batch._replace(
+                observation=observations[t : t + 1],
+                next_observation=observations[t + 1 : t + 2],
+                action=np.array([t % 2], batch.action.dtype),
+                reward=rewards[t : t + 1],
+                discount=np.float32([0.0 if terminated[t] else 1.0]),
+                terminated=terminated[t : t + 1],
+                truncated=truncated[t : t + 1],
+                step_type=np.int32([0 if t in (0, 4, 7) else 1]),  # FIRST, else MID
+            )
+        )
+    config = DqnConfig(n_step=3, gamma=0.9)
+    online = [[1.0, -2.0], [0.5, 3.0]]
+    agent = DqnAgent(spec.observation, 2, linear_q_network(online), tf_keras.optimizers.SGD(0.0), gamma=1.0)
+    agent.target_q_network.set_weights([np.float32([[2.0, 1.0], [-1.0, 4.0]])])
+    items, info = next(iter(experience_dataset(rb, 256, training.n_step_transform(config))))
+    got = agent.train(items).abs_td_errors.numpy()
+
+    q, q_target = (lambda x: x @ np.float64(online)), (lambda x: x @ np.float64([[2.0, 1.0], [-1.0, 4.0]]))
+    ends = [3, 3, 3, 3, 6, 6, 6]  # each start's episode end (starts 7 and 8 cannot be drawn yet)
+    for k, t in enumerate(info.ids.numpy()):
+        m = min(3, ends[t] - t + 1)
+        ret = sum(0.9**i * rewards[t + i] for i in range(m))
+        bootstrap = 0.0 if terminated[t + m - 1] else 0.9**m
+        last = observations[t + m]
+        target = ret + bootstrap * q_target(last)[np.argmax(q(last))]
+        np.testing.assert_allclose(got[k], abs(target - q(observations[t])[t % 2]), rtol=1e-5, atol=1e-5)
+    # 256 uniform draws over 7 starts: one is missed with probability below 7 * (6/7)**256 < 1e-16.
+    assert set(info.ids.numpy()) == set(range(7))
+
+
+def linear_q_network(matrix):
+    model = tf_keras.Sequential([tf_keras.layers.Dense(2, use_bias=False)])
+    model.build([None, 2])
+    model.set_weights([np.asarray(matrix, np.float32)])
+    return model
+
+
+@pytest.mark.slow
+def test_a_short_prioritized_n_step_run_trains_with_the_transform_discounting():
+    result = train_dqn(DqnConfig(**SMALL, prioritized=True, n_step=3))
+    assert result.agent.gamma == 1.0  # NStepReturns applied gamma already
+    assert result.num_train_steps == ((480 - 200) // 4 + 1) * 2 and np.isfinite(result.history[-1]["loss"])
+    _, info = result.buffer.get_next(sample_batch_size=500)
+    assert np.ptp(info.probabilities.numpy()) > 0
+
+
+def test_the_n_step_transform_is_used_from_two_steps_on():
+    assert training.n_step_transform(DqnConfig(n_step=1)) is None
+    transform = training.n_step_transform(DqnConfig(n_step=3, gamma=0.9))
+    assert (transform.n, transform.gamma) == (3, 0.9)
