@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tfreplay.core import specs
 from tfreplay.core.episodes import EpisodeRule
+from tfreplay.core.rate_limiter import RateLimiter
 from tfreplay.core.samplers.prioritized import PrioritizedSampler
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
@@ -72,6 +73,9 @@ class TFUniformReplayBuffer(TFBuffer):
       within_episodes: `num_steps` windows never cross an episode boundary
         (items must carry `step_type`, `first`, `terminated` or `truncated`).
       episode_rule: which fields mark boundaries (default: detected from the spec).
+      rate_limiter: a `MinSize` or `SampleToInsertRatio` (one per buffer):
+        `get_next`/`as_dataset` wait for collectors and `add_batch` waits for
+        the learner; `close()` ends every wait.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class TFUniformReplayBuffer(TFBuffer):
         *,
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -99,6 +104,7 @@ class TFUniformReplayBuffer(TFBuffer):
             scope=scope,
             device=device,
             seed=seed,
+            rate_limiter=rate_limiter,
             window_shift=dataset_window_shift,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
@@ -130,6 +136,7 @@ class PyUniformReplayBuffer(PyBuffer):
         name: str = "PyUniformReplayBuffer",
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -140,6 +147,7 @@ class PyUniformReplayBuffer(PyBuffer):
             batch_size=batch_size,
             max_length=max_length,
             seed=seed,
+            rate_limiter=rate_limiter,
             name=name,
             window_shift=dataset_window_shift,
             drop_remainder=dataset_drop_remainder,
@@ -198,7 +206,7 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
       batch_size: number of segments (parallel environments).
       max_length: rows (frames) per segment.
       history_len: frames per stacked observation.
-      scope, device, dataset_drop_remainder, stateful_dataset, seed: as `TFUniformReplayBuffer`.
+      scope, device, dataset_drop_remainder, stateful_dataset, seed, rate_limiter: as `TFUniformReplayBuffer`.
     """
     )
 
@@ -213,6 +221,8 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
         dataset_drop_remainder: bool = False,
         stateful_dataset: bool = False,
         seed: int | None = None,
+        *,
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -224,6 +234,7 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
             scope=scope,
             device=device,
             seed=seed,
+            rate_limiter=rate_limiter,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
         )
@@ -253,6 +264,7 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
         dataset_drop_remainder: bool = False,
         stateful_dataset: bool = False,
         name: str = "PyFrameReplayBuffer",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -263,6 +275,7 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
             batch_size=batch_size,
             max_length=max_length,
             seed=seed,
+            rate_limiter=rate_limiter,
             name=name,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
@@ -318,7 +331,7 @@ class TFPrioritizedReplayBuffer(_Prioritized, TFBuffer):
     a variable, so the sample and the update are one vectorised pass each.
 
     Args:
-      data_spec, batch_size, max_length, scope, device, seed: as `TFUniformReplayBuffer`.
+      data_spec, batch_size, max_length, scope, device, seed, rate_limiter: as `TFUniformReplayBuffer`.
       alpha: how much priorities count (0: uniform over stored items).
     """
 
@@ -332,6 +345,8 @@ class TFPrioritizedReplayBuffer(_Prioritized, TFBuffer):
         device: str = "cpu:*",
         seed: int | list[int] | None = None,
         stateful_dataset: bool = False,
+        *,
+        rate_limiter: RateLimiter | None = None,
     ):
         sampler = PrioritizedSampler(alpha)
         super().__init__(
@@ -344,6 +359,7 @@ class TFPrioritizedReplayBuffer(_Prioritized, TFBuffer):
             scope=scope,
             device=device,
             seed=seed,
+            rate_limiter=rate_limiter,
             stateful_dataset=stateful_dataset,
         )
 
@@ -365,6 +381,7 @@ class PyPrioritizedReplayBuffer(_Prioritized, PyBuffer):
         alpha: float = 0.6,
         seed: int | None = None,
         name: str = "PyPrioritizedReplayBuffer",
+        rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
@@ -375,5 +392,6 @@ class PyPrioritizedReplayBuffer(_Prioritized, PyBuffer):
             batch_size=batch_size,
             max_length=max_length,
             seed=seed,
+            rate_limiter=rate_limiter,
             name=name,
         )

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from tfreplay import transforms
 from tfreplay.core import checkpoint, episodes, ring, specs
 from tfreplay.core.api import BufferInfo, ReplayBuffer
 from tfreplay.core.episodes import EpisodeRule
@@ -157,16 +158,18 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         """`fn(*inputs)` under the lock, as tensors shaped like `out_specs` (usable in a dataset map)."""
         raise NotImplementedError
 
-    def _guard(self, count: Any, value: Any, where: str, num_steps: int | None) -> Any:
-        return self._check(count > 0, value, self.empty_message(where, num_steps))
+    def _guard(self, count: Any, value: Any, where: str, num_steps: int | None, transform: Any = None) -> Any:
+        return self._check(count > 0, value, self.empty_message(where, num_steps, transform))
 
     # Shared lines.
     def _max_window(self) -> int:
         return self._max_length - self._storage.window.lead
 
-    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any) -> None:
+    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any, transform: Any = None) -> None:
         specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)
         specs.check_positive_int(where, "num_steps", num_steps, allow_none=True)
+        if transform is not None:
+            self._check_transform(where, num_steps, transform)
         if num_steps is not None and num_steps > self._max_window():
             extra = " - 1" if self._storage.window.lead else ""
             raise ValueError(
@@ -175,7 +178,46 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 + ("; a window also needs the frame before it." if extra else ".")
             )
 
-    def empty_message(self, where: str, num_steps: int | None) -> str:
+    def _check_transform(self, where: str, num_steps: Any, transform: Any) -> None:
+        """Refuses a transform this buffer cannot serve, before anything is drawn."""
+        if not isinstance(transform, transforms.Transform):
+            raise TypeError(
+                f"{where}: transform ({transform!r}) must be a tfreplay.transforms.Transform "
+                "(NStepReturns, Sequences, or a subclass)."
+            )
+        if num_steps is not None:
+            raise ValueError(
+                f"{where}: num_steps ({num_steps}) must be None with a transform; "
+                f"{transform!r} reads windows of {transform.num_steps} items."
+            )
+        if transform.num_steps > self._max_window():
+            raise ValueError(
+                f"{where}: the window of {transform!r} ({transform.num_steps} items) must be at most "
+                f"{self._max_window()} items, the longest a segment holds; use a shorter window or a longer max_length."
+            )
+        window, padded = self._windows(transform)
+        kind, able = ("padded", "padded_windows") if padded else ("episode-aware", "episode_windows")
+        # Without an index a padded window is a plain ring window, which every sampler draws.
+        if window is not None and not getattr(self._sampler, able, False):
+            raise ValueError(
+                f"{where}: transform ({transform!r}) needs {kind} windows, which "
+                f"{type(self._sampler).__name__} does not draw."
+            )
+        transform.output_spec(self._storage.item_spec)  # raises on fields it cannot use
+
+    def _windows(self, transform: Any) -> tuple[Any, bool]:
+        """`(window shape or None, padded)` of a sample: a transform's windows follow episodes when items mark them."""
+        if transform is None:
+            return self._window, False
+        return (self._storage.window if self._rule is not None else None), bool(transform.padded)
+
+    def empty_message(self, where: str, num_steps: int | None, transform: Any = None) -> str:
+        if transform is not None:
+            return (
+                f"{where}: the buffer holds no window {transform!r} can read yet "
+                f"({transform.num_steps} items{', padded' if transform.padded else ' of one episode'}); "
+                "add more items before sampling."
+            )
         n = num_steps or 1
         if self._storage.window.lead:
             what = "transition" if n == 1 else f"window of {n} transitions of one episode"
@@ -192,19 +234,33 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
     def _pos_at(self, rows: Any) -> Any:
         return self._ops.to_int64(self._ops.gather(self._pos, rows))
 
-    def _view(self) -> View:
-        has_index = self._window is not None
+    def _view(self, transform: Any = None) -> View:
+        window, padded = self._windows(transform)
+        has_index = window is not None
+        num_adds = self._ops.read(self._num_adds)
         return View(
             ops=self._ops,
-            num_adds=self._ops.read(self._num_adds),
+            num_adds=num_adds,
             max_length=self._max_length,
             num_segments=self._num_segments,
             draw=self._draw,
             uniform=self._uniform,
-            window=self._window,
+            window=window,
             pos_at=self._pos_at if has_index else None,
             pos_counts=self._ops.read(self._pos_counts) if has_index else None,
+            padded=padded,
+            ended=self._newest_ended(num_adds) if padded and has_index else None,
         )
+
+    def _newest_ended(self, num_adds: Any) -> Any:
+        """Per segment, whether its newest item carries an end flag (an episode known to be over)."""
+        ops = self._ops
+        if not self._rule.ends:
+            return num_adds < 0
+        rows = ring.local_to_rows(
+            ops.maximum(num_adds - 1, 0), ops.arange(self._num_segments), self._max_length, self._num_segments
+        )[0]
+        return self._stored_ends(rows) & (num_adds > 0)
 
     def _num_frames(self) -> Any:
         return self._exclusive(
@@ -288,23 +344,56 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             out = out | f
         return out
 
-    def _sample_plan(self, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
-        """Under the lock: `(read plan, ids, probabilities, count)` of `size` windows."""
-        ops = self._ops
-        segment, t, probs, count = self._sampler.sample(self._view(), size, num_steps)
-        step_rows, ids = ring.window_rows(segment, t, num_steps, self._max_length, self._num_segments, ops)
-        pos_at = self._pos_at if self._rule is not None else None
-        return self._storage.plan(segment, t, step_rows, num_steps, pos_at, ops), ids, probs, count
+    def _sample_plan(self, size: int, num_steps: int | None, transform: Any = None) -> tuple[Any, Any, Any, Any]:
+        """Under the lock: `(read plan, ids, probabilities, count)` of `size` windows.
 
-    def _read_sample(self, size: int, num_steps: int | None) -> tuple[Nest, Any, Any, Any]:
-        """Under the lock: `(items, ids, probabilities, count)`."""
-        plan, ids, probs, count = self._sample_plan(size, num_steps)
-        return self._storage.read(plan, num_steps, self._ops), ids, probs, count
+        With a transform the windows are its own (`num_steps` items, strict or
+        padded), the plan carries their `[size, num_steps]` mask and the ids are
+        each window's first item's.
+        """
+        ops = self._ops
+        view = self._view(transform)
+        n = num_steps if transform is None else int(transform.num_steps)
+        segment, t, probs, count = self._sampler.sample(view, size, n)
+        step_rows, ids = ring.window_rows(segment, t, n, self._max_length, self._num_segments, ops)
+        pos_at = self._pos_at if self._rule is not None else None
+        plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
+        if transform is None:
+            return plan, ids, probs, count
+        if view.padded:
+            layout = (self._max_length, self._num_segments)
+            mask = episodes.window_mask(segment, t, transform.num_steps, view.num_adds, view.pos_at, ops, layout)
+        else:
+            mask = ops.ones_like(step_rows) > 0
+        return (plan, mask), ids[:, 0], probs, count
+
+    def _read_planned(self, plan: Any, num_steps: int | None, transform: Any = None) -> Any:
+        """The bulk read of a plan: items, or with a transform `(items, mask)`."""
+        if transform is None:
+            return self._storage.read(plan, num_steps, self._ops)
+        plan, mask = plan
+        return self._storage.read(plan, transform.num_steps, self._ops), mask
+
+    def _read_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple[Nest, Any, Any, Any]:
+        """Under the lock: `(items, ids, probabilities, count)` (items: `(items, mask)` with a transform)."""
+        plan, ids, probs, count = self._sample_plan(size, num_steps, transform)
+        return self._read_planned(plan, num_steps, transform), ids, probs, count
 
     def _package(
-        self, items: Nest, ids: Any, probs: Any, batched: bool, num_steps: int | None, time_stacked: bool
+        self,
+        items: Nest,
+        ids: Any,
+        probs: Any,
+        batched: bool,
+        num_steps: int | None,
+        time_stacked: bool,
+        transform: Any = None,
     ) -> tuple[Nest, BufferInfo]:
-        """Drops the batch axis of an unbatched sample; splits windows into steps unless `time_stacked`."""
+        """Applies a transform (outside the lock); drops the batch axis of an unbatched sample;
+        splits windows into steps unless `time_stacked`."""
+        if transform is not None:
+            items, mask = items
+            items = transform(items, mask, self._ops)
         if not batched:
             items, ids, probs = tf.nest.map_structure(lambda x: x[0], (items, ids, probs))
         return self._split_steps(items, BufferInfo(ids=ids, probabilities=probs), batched, num_steps, time_stacked)

@@ -3,7 +3,8 @@
 `tf.train.Checkpoint(buffer=rb)` saves a buffer under one node. Beside its
 state every buffer keeps a *layout record* (`layout()`): the format version,
 the storage kind (`rows`, or `frames` with `history_len`), `batch_size`,
-`max_length`, `capacity` and each spec leaf's path, dtype and shape. Restore
+`max_length`, `capacity`, the episode index's bins (`index_bins`: the shape
+of its per-segment counts) and each spec leaf's path, dtype and shape. Restore
 compares the saved record with the buffer's own before any array or variable
 is overwritten: a mismatch raises `ValueError` naming the field, the saved
 value and this buffer's value, and the buffer stays as it was.
@@ -42,12 +43,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.saved_model import registration  # the checkpoint saver registry (TF >= 2.10)
 
-from tfreplay.core import specs
+from tfreplay.core import episodes, specs
 from tfreplay.core.specs import Nest
 
 FORMAT_VERSION = 1
 _WHERE = "checkpoint restore"
-_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity")
+_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins")
 
 
 def layout(data_spec: Nest, batch_size: int, max_length: int, history_len: int | None = None) -> dict:
@@ -69,6 +70,7 @@ def layout(data_spec: Nest, batch_size: int, max_length: int, history_len: int |
         "batch_size": int(batch_size),
         "max_length": int(max_length),
         "capacity": int(batch_size) * int(max_length),
+        "index_bins": episodes.POS_BINS,
         "leaves": leaves,
     }
 

@@ -18,6 +18,16 @@ it) the window is valid when
   older is shown as zeros (frames) or not at all (rows).
 
 So no window joins two episodes, and nothing is read across the write head.
+
+*Padded* windows (`young_starts`, `window_mask`) may run past their
+episode's end: item `t + k` is real when it is stored and one step further
+into `t`'s episode (`pos[t + k] == pos[t] + k`); the rest is padding. A
+start is drawable when it is drawable as a single item and its window is
+complete or its episode ended inside it at a stored item (the next item is
+stored and starts another episode, or an end field marks it), never when
+the window runs past the write head of an unfinished episode. Those are
+only the newest `min(n - 1, drawable items of the newest episode)` items of
+a segment, so padded windows are counted and drawn without a scan.
 The functions take an `ops` namespace (`core.ops`).
 """
 
@@ -34,8 +44,8 @@ from tfreplay.core import ring
 # pos saturates here, so a never-ending episode cannot overflow int32.
 POS_CAP = 2**30
 # Windows of fewer than POS_BINS - lead items are counted from `pos_counts`;
-# longer ones by a scan of every row.
-POS_BINS = 64
+# longer ones by a scan of every row. A checkpoint records it (`checkpoint.layout`).
+POS_BINS = 256
 STEP_TYPE_FIRST = 0
 
 
@@ -167,3 +177,45 @@ class Shape:
         if aligned:
             mask = mask & ((end_pos - self.need(n)) % n == 0)
         return mask, t
+
+
+def young_starts(
+    num_adds: Any, max_length: int, n: int, window: Shape | None, pos_at: Callable | None, ended: Any, ops: Any
+) -> Any:
+    """Per segment, how many of its newest items cannot start a padded window of `n`.
+
+    The rule every sampler shares (see the module docstring): the newest
+    `min(n - 1, u)` items, where `u` counts the items of the newest episode
+    that are drawable as single items, or 0 when that episode has ended
+    (`ended`: `[S]` bool, whether each segment's newest item carries an end
+    flag). Without an index (`window` None) a segment is one endless episode,
+    so this is the plain ring rule: the newest `n - 1` live items.
+    """
+    min_id, num_live = ring.live_range(num_adds, max_length, ops)
+    if window is None or pos_at is None:
+        return ops.minimum(num_live, n - 1)
+    newest = num_adds - 1
+    segments = ops.arange(num_adds.shape[0])
+    rows = ring.local_to_rows(ops.maximum(newest, 0), segments, max_length, num_adds.shape[0])[0]
+    episode_start = newest - pos_at(rows)
+    # Single items of the newest episode are drawable from its first transition on, or, when
+    # the episode began before the live range, from the first item whose history is live.
+    first = ops.where(episode_start >= min_id, episode_start + window.lead, min_id + max(window.history, window.lead))
+    young = ops.minimum(ops.maximum(newest - first + 1, 0), n - 1)
+    return ops.where((num_adds > 0) & ~ended, young, ops.zeros_like(young))
+
+
+def window_mask(segment: Any, t: Any, n: int, num_adds: Any, pos_at: Callable | None, ops: Any, layout: tuple) -> Any:
+    """`[B, n]` bool: which items of the windows at local id `t` are real steps of `t`'s episode.
+
+    Item `t + k` is real when stored (at most the segment's newest id) and
+    `k` steps further into the episode (`pos` grows by one per step and
+    restarts at 0 with each episode). `layout` is `(max_length, num_segments)`.
+    """
+    k = ops.arange(n)[None, :]
+    ids = t[:, None] + k
+    stored = ids < ops.gather(num_adds, segment)[:, None]
+    if pos_at is None:
+        return stored
+    pos = pos_at(ring.local_to_rows(ids, segment[:, None], *layout)[0])
+    return stored & (pos == pos[:, :1] + k)

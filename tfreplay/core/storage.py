@@ -110,8 +110,8 @@ class FrameStorage:
         """Frame rows `[B, history_len + n]` of the windows at `t`, and their step rows."""
         h, n = self.history_len, num_steps or 1
         length, segments = self.num_layout
-        end = t + (n - 1)
-        episode_start = end - pos_at(ring.local_to_rows(end, segment, length, segments)[0])
+        # The first item's episode: a padded window's later items may belong to the next one (masked after).
+        episode_start = t - pos_at(ring.local_to_rows(t, segment, length, segments)[0])
         ids = t[:, None] - h + ops.arange(h + n)[None, :]
         rows = ring.local_to_rows(ids, segment[:, None], length, segments)[0]
         rows = ops.where(ids >= episode_start[:, None], rows, ops.zeros_like(rows) + self.zero_row)

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo, counter_dataset
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
+from tfreplay.core.gate import Gate
 from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.specs import Nest
 from tfreplay.core.twin_tf import resolve_seed
@@ -59,7 +60,7 @@ class PyBuffer(ComposedBuffer):
     items, in order) or with segments (`batch_size`, `max_length`: one item
     per segment per `add_batch`); see `numpy_layout`. `options`:
     `window_shift`, `drop_remainder`, `stateful_dataset`, as `ComposedBuffer`
-    takes them.
+    takes them. `rate_limiter`: see `core/rate_limiter.py` and `core/gate.py`.
     """
 
     _ops = NUMPY_OPS
@@ -76,6 +77,7 @@ class PyBuffer(ComposedBuffer):
         max_length: int | None = None,
         seed: Any,
         name: str,
+        rate_limiter: Any = None,
         **options: Any,
     ):
         segments, length = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
@@ -84,6 +86,8 @@ class PyBuffer(ComposedBuffer):
         object.__setattr__(self, "_arrays", {})
         super().__init__(data_spec, segments, length, storage, sampler, episode_rule, name=name, **options)
         self._lockstep = batch_size is not None
+        insert_size = segments if self._lockstep else 1
+        object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, insert_size))
         self._numpy_state = checkpoint.NumpyState(
             self._lock, lambda: dict(self._arrays), self._rng, layout=self.checkpoint_layout()
         )
@@ -121,9 +125,9 @@ class PyBuffer(ComposedBuffer):
         rows = self._num_segments if self._lockstep else None
         arrays = specs.validate_numpy_batch("add_batch", self._data_spec, self._leaf_paths, items, rows)
         num_new = 1 if self._lockstep else arrays[0].shape[0]  # one ring: rows in order
-        if num_new:
-            with self._lock:
-                self._write_locked(arrays, num_new)
+        if num_new:  # wait for the rate limiter before taking the lock
+            write = lambda: self._write_locked(arrays, num_new)  # noqa: E731
+            self._gate.call("add_batch", "insert", num_new * self._num_segments, lambda: self._exclusive(write))
 
     def _append_sequence(self, where: str, items: Nest, segment: Any) -> None:
         """Appends items (a leading time axis, oldest first) to one segment (frame buffers)."""
@@ -131,28 +135,33 @@ class PyBuffer(ComposedBuffer):
         if not ok or not 0 <= segment < self._num_segments:
             raise ValueError(f"{where}: segment ({segment!r}) must be an integer in [0, {self._num_segments}).")
         arrays = specs.validate_numpy_batch(where, self._data_spec, self._leaf_paths, items, None)
-        if arrays[0].shape[0]:
-            with self._lock:
-                self._write_locked(arrays, arrays[0].shape[0], np.full([1], segment, np.int64))
+        n = arrays[0].shape[0]
+        if n:
+            write = lambda: self._write_locked(arrays, n, np.full([1], segment, np.int64))  # noqa: E731
+            self._gate.call(where, "insert", n, lambda: self._exclusive(write))
 
     def _get_next(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
     ) -> tuple[Nest, BufferInfo]:
         size = 1 if sample_batch_size is None else sample_batch_size
-        items, ids, probs, count = self._exclusive(lambda: self._read_sample(size, num_steps))
-        self._guard(count, None, "get_next", num_steps)
-        return self._package(items, ids, probs, sample_batch_size is not None, num_steps, time_stacked)
+        items, ids, probs, count = self._exclusive(lambda: self._read_sample(size, num_steps, transform))
+        self._guard(count, None, "get_next", num_steps, transform)
+        return self._package(items, ids, probs, sample_batch_size is not None, num_steps, time_stacked, transform)
 
-    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
+    def _sample_tensors(
+        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
+    ) -> tuple[Nest, BufferInfo]:
         outer = ([] if sample_batch_size is None else [sample_batch_size]) + ([] if num_steps is None else [num_steps])
         probs_shape = [] if sample_batch_size is None else [sample_batch_size]
+        item_spec = self._storage.item_spec if transform is None else transform.output_spec(self._storage.item_spec)
 
-        def sample() -> tuple:
-            items, info = self._get_next(sample_batch_size, num_steps, True)
+        def sample() -> tuple:  # admitted by the dataset's tick; given back if it fails
+            draw = lambda: self._get_next(sample_batch_size, num_steps, True, transform)  # noqa: E731
+            items, info = self._gate.settled("sample", sample_batch_size or 1, draw)
             return items, info.ids, info.probabilities
 
         out_specs = (
-            tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), self._storage.item_spec),
+            tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), item_spec),
             tf.TensorSpec(outer, tf.int64),
             tf.TensorSpec(probs_shape, tf.float32),
         )
@@ -160,23 +169,29 @@ class PyBuffer(ComposedBuffer):
         return items, BufferInfo(ids=ids, probabilities=probs)
 
     def _sample_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
     ) -> tf.data.Dataset:
         """Samples for `_DATASET_BLOCK` elements per NumPy call, split into elements.
 
         A `tf.numpy_function` call costs more than drawing a batch: one call
         per block keeps the NumPy twin's dataset near the TF twin's. Every
         element is still an independent uniform sample; it is drawn at most
-        `_DATASET_BLOCK - 1` elements before it is read.
+        `_DATASET_BLOCK - 1` elements before it is read. With a rate limiter
+        each element is one call, admitted on its own.
         """
-        block, size = _DATASET_BLOCK, sample_batch_size or 1
+        block, size = _DATASET_BLOCK if self._gate.limiter is None else 1, sample_batch_size or 1
 
         def draw(_: Any) -> tuple:
-            items, info = self._sample_tensors(block * size, num_steps)
+            items, info = self._sample_tensors(block * size, num_steps, transform)
             split = lambda x: tf.reshape(x, [block] + ([size] if sample_batch_size else []) + x.shape[1:])  # noqa: E731
             return tf.nest.map_structure(split, (items, info))
 
-        return counter_dataset().map(draw, num_parallel_calls=num_parallel_calls).unbatch()
+        ticks = self._gate.ticks(counter_dataset(), block * size)
+        return ticks.map(draw, num_parallel_calls=num_parallel_calls).unbatch()
 
     def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""

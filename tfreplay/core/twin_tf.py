@@ -20,6 +20,7 @@ from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
+from tfreplay.core.gate import Gate
 from tfreplay.core.ops import TF_OPS
 from tfreplay.core.specs import Nest
 
@@ -119,7 +120,7 @@ class TFBuffer(ComposedBuffer):
     """A composed buffer in `tf.Variable`s; public classes choose its storage and sampler.
 
     `options`: `window_shift`, `drop_remainder`, `stateful_dataset`, as
-    `ComposedBuffer` takes them.
+    `ComposedBuffer` takes them. `rate_limiter`: see `core/rate_limiter.py` and `core/gate.py`.
     """
 
     _ops = TF_OPS
@@ -136,11 +137,13 @@ class TFBuffer(ComposedBuffer):
         scope: str,
         device: str,
         seed: Any,
+        rate_limiter: Any = None,
         **options: Any,
     ):
         self._device, self._scope, self._seed = device, scope, resolve_seed(seed)
         name = re.sub(r"\W", "_", scope) or "buffer"  # a tf.Module name; the scope may be any string
         super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
+        object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, batch_size))
         self._layout_record = checkpoint.LayoutState(self.checkpoint_layout())
 
     @property
@@ -204,52 +207,63 @@ class TFBuffer(ComposedBuffer):
         leaves, asserts = specs.validate_tensor_batch(
             "add_batch", self._data_spec, self._leaf_paths, items, self._num_segments
         )
+        n = self._num_segments
         if tf.executing_eagerly():
             signature = [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
-            return self._eager.get("add", self._write, signature)(leaves)
-        with tf.control_dependencies(asserts):
-            return self._write(leaves)
+            write = self._eager.get("add", self._write, signature)
+            return self._gate.call("add_batch", "insert", n, lambda: write(leaves))
+        with tf.control_dependencies(asserts):  # checked, then wait for the rate limiter, then lock and write
+            admitted = self._gate.admit_op("add_batch", "insert", n)
+        with tf.control_dependencies(asserts + admitted):
+            return self._gate.settle_op("add_batch", "insert", n, True, self._write(leaves))
 
     def _write(self, leaves: list) -> tf.Tensor:
         with tf.device(self._device), tf.name_scope(self._scope):
             return self._exclusive(lambda: self._write_locked(leaves, 1))
 
     def _get_next(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool
+        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
     ) -> tuple[Nest, BufferInfo]:
         if not tf.executing_eagerly():
-            items, info = self._sample_tensors(sample_batch_size, num_steps)
+            items, info = self._sample_tensors(sample_batch_size, num_steps, transform)
         else:
             # Eagerly the emptiness check is a Python test of the count: a graph assertion costs more than it.
-            key = f"sample/{sample_batch_size}/{num_steps}"
-            fn = self._eager.get(key, lambda: self._unchecked_sample(sample_batch_size, num_steps))
+            key = f"sample/{sample_batch_size}/{num_steps}/{transform!r}"
+            fn = self._eager.get(key, lambda: self._unchecked_sample(sample_batch_size, num_steps, transform))
             items, info, count = fn()
             if count.numpy() <= 0:
-                raise ValueError(self.empty_message("get_next", num_steps))
+                raise ValueError(self.empty_message("get_next", num_steps, transform))
         return self._split_steps(items, info, sample_batch_size is not None, num_steps, time_stacked)
 
-    def _sample_tensors(self, sample_batch_size: int | None, num_steps: int | None) -> tuple[Nest, BufferInfo]:
-        items, info, count = self._unchecked_sample(sample_batch_size, num_steps)
+    def _sample_tensors(
+        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
+    ) -> tuple[Nest, BufferInfo]:
+        items, info, count = self._unchecked_sample(sample_batch_size, num_steps, transform)
+        count = self._gate.settle_op("get_next", "sample", sample_batch_size or 1, count > 0, count)  # refund if empty
         with tf.name_scope(self._scope):
-            return self._guard(count, (items, info), "get_next", num_steps)
+            return self._guard(count, (items, info), "get_next", num_steps, transform)
 
-    def _unchecked_sample(self, sample_batch_size: int | None, num_steps: int | None) -> tuple:
+    def _unchecked_sample(self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None) -> tuple:
         """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
         size = 1 if sample_batch_size is None else sample_batch_size
         with tf.device(self._device), tf.name_scope(self._scope):
-            items, ids, probs, count = self._locked_sample(size, num_steps)
-        items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True)
+            items, ids, probs, count = self._locked_sample(size, num_steps, transform)
+        items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True, transform)
         return items, info, count
 
-    def _locked_sample(self, size: int, num_steps: int | None) -> tuple:
+    def _locked_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
         """Ring windows: one graph under the lock. Through the episode index: an XLA-compiled draw, then the read."""
-        if self._window is None or under_xla():
-            return self._exclusive(lambda: self._read_sample(size, num_steps))
-        plan = self._eager.get(f"plan/{size}/{num_steps}", lambda: self._sample_plan(size, num_steps), jit_compile=True)
+        if self._windows(transform)[0] is None or under_xla():
+            return self._exclusive(lambda: self._read_sample(size, num_steps, transform))
+        plan = self._eager.get(
+            f"plan/{size}/{num_steps}/{transform!r}",
+            lambda: self._sample_plan(size, num_steps, transform),
+            jit_compile=True,
+        )
 
         def call() -> tuple:
             read_plan, ids, probs, count = plan()
-            return self._storage.read(read_plan, num_steps, self._ops), ids, probs, count
+            return self._read_planned(read_plan, num_steps, transform), ids, probs, count
 
         return locked_call(self._lock, call)
 

@@ -29,7 +29,12 @@ class View:
 
     `window` is None when episodes do not matter (plain ring windows);
     otherwise windows are drawn through the episode index (`pos_at`,
-    `pos_counts`) with the storage's window shape.
+    `pos_counts`) with the storage's window shape. With `padded`, windows may
+    run past their episode's end (`episodes.young_starts` is the rule;
+    `ended[s]`: whether segment `s`'s newest item carries an end flag).
+    A sampler says what it draws beyond plain ring windows with
+    `episode_windows = True` (strict windows through the index) and
+    `padded_windows = True`; the buffer refuses other requests.
     """
 
     ops: Any
@@ -41,3 +46,5 @@ class View:
     window: Shape | None = None
     pos_at: Callable[[Any], Any] | None = None
     pos_counts: Any = None
+    padded: bool = False
+    ended: Any = None

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tfreplay.core import ring
-from tfreplay.core.episodes import Shape
+from tfreplay.core import episodes, ring
 from tfreplay.core.samplers import View
 
 # Candidates per sample and round, and rounds before the exact (scanning) draw.
@@ -25,9 +24,15 @@ class UniformSampler:
     sample takes the first valid one of uniform candidates over window starts
     (rejection: uniform over the valid ones); only samples that keep missing
     are redrawn, and after `_ROUNDS` rounds the rest come from an exact scan.
+
+    Padded windows (`view.padded`) start at any item drawable alone except
+    each segment's newest `episodes.young_starts`: for rows every item of
+    that range, drawn exactly in one step; for frames, candidates from it.
     """
 
     within_episodes: bool
+    episode_windows = True
+    padded_windows = True
 
     def __init__(self, within_episodes: bool = False):
         self.within_episodes = bool(within_episodes)
@@ -54,15 +59,30 @@ class UniformSampler:
             per = ops.maximum(per, 1)  # an empty buffer still maps draws to rows
             return draws // per, min_id + draws % per, ops.probability([size], count), count
         assert view.pos_at is not None  # a window goes with the episode index
-        count = view.window.count(view.num_adds, view.pos_counts, view.pos_at, view.max_length, n, ops)
-        segment, t = self._draw_valid(view, view.window, view.pos_at, size, n, count)
+        window, pos_at = view.window, view.pos_at
+        start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
+        if view.padded:  # single items, less each segment's newest that cannot start a padded window
+            young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ended, ops)
+            counts = ops.maximum(counts - young, 0)
+            if window.lead == 0 and window.history == 0:  # rows: every item in range starts a window
+                count = ops.sum(counts)
+                seg, offset = ring.locate(view.draw([size], count), counts, ops)
+                return seg, ops.gather(start, seg) + offset, ops.probability([size], count), count
+            count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, 1, ops) - ops.sum(young)
+            last = view.num_adds - 1 - young  # the newest start drawable in each segment
+        else:
+            count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, n, ops)
+            last = None
+        m = 1 if view.padded else n  # the window length whose validity a start needs
+        segment, t = self._draw_valid(view, start, counts, m, last, size, count)
         return segment, t, ops.probability([size], count), count
 
     def _draw_valid(
-        self, view: View, window: Shape, pos_at: Callable, size: int, n: int, count: Any
+        self, view: View, start: Any, counts: Any, n: int, last: Any, size: int, count: Any
     ) -> tuple[Any, Any]:
-        ops = view.ops
-        start, counts = window.draw_range(view.num_adds, view.max_length, n, ops)
+        """Uniform starts among the valid windows of `n` at `start[s] + [0, counts[s])` (and at most `last[s]`)."""
+        ops, window, pos_at = view.ops, view.window, view.pos_at
+        assert window is not None and pos_at is not None
         total = ops.sum(counts)
 
         def round_(found: Any, segment: Any, t: Any) -> tuple[Any, Any, Any]:
@@ -87,6 +107,8 @@ class UniformSampler:
 
         def exact() -> tuple[Any, Any]:
             mask, starts = window.grid(view.num_adds, pos_at, view.max_length, n, False, ops)
+            if last is not None:
+                mask = mask & (starts <= last[:, None])
             # The u-th valid window is where the running count of valid ones first exceeds u.
             flat = ops.cumsum(ops.to_int64(ops.reshape(mask, [-1])))
             pick = ops.minimum(

@@ -1,0 +1,177 @@
+"""Transforms over windows (issue 9): sequences' cost against capacity, n-step against a plain window.
+
+Run: `python -m benchmarks.windows [--repeats N] [--block SECONDS] [--markdown]` (a few minutes).
+
+Buffers: the drivers' `Transition` of CartPole (`observation`/`next_observation`
+f32[4], `action` i64, `reward`, `discount` f32, `step_type` i32, `terminated`,
+`truncated` bool), 4 segments, full, episodes of 500 steps that end
+terminated. The index is set directly (as if every row had been added: `pos`,
+its per-segment counts, the counters; rows' values stay zero except the
+episode flags), so a 1M-row buffer needs no million adds.
+
+Sequences: `get_next(32, transform=Sequences(80))` (strict: inside one
+episode) and `Sequences(80, pad=True)` (padded past an episode's end, with
+the mask) at capacity 100k and 1M, each timed in alternating blocks against
+the same call on the 10k buffer (`benchmarks.timing.compare`); "ratio" =
+this capacity / 10k. Target: at most 1.2.
+
+n-step: `get_next(256, transform=NStepReturns(3, 0.99))` against the plain
+`get_next(256, num_steps=4)` of the same 100k buffer, alternating blocks;
+"ratio" = n-step / plain. Target: at most 1.3. TF eagerly, TF inside a
+`tf.function` loop of 50 calls (per call), and the NumPy twin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.report import format_table  # noqa: E402
+from benchmarks.timing import Bench, compare  # noqa: E402
+from tfreplay import NStepReturns, PyUniformReplayBuffer, Sequences, TFUniformReplayBuffer  # noqa: E402
+from tfreplay.core.episodes import POS_BINS  # noqa: E402
+from tfreplay.drivers import Transition  # noqa: E402
+
+SEGMENTS, EPISODE, LOOP = 4, 500, 50
+SPEC = Transition(
+    observation=tf.TensorSpec([4], tf.float32),
+    action=tf.TensorSpec([], tf.int64),
+    reward=tf.TensorSpec([], tf.float32),
+    discount=tf.TensorSpec([], tf.float32),
+    next_observation=tf.TensorSpec([4], tf.float32),
+    step_type=tf.TensorSpec([], tf.int32),
+    terminated=tf.TensorSpec([], tf.bool),
+    truncated=tf.TensorSpec([], tf.bool),
+)
+
+
+def full_buffer(twin: str, capacity: int):
+    """A full buffer of `capacity` rows whose index says: episodes of EPISODE steps, all ended terminated."""
+    length = capacity // SEGMENTS
+    if twin == "tf":
+        rb = TFUniformReplayBuffer(SPEC, SEGMENTS, length, seed=0)
+        state = rb._state
+
+        def put(name, value):
+            state[name].assign(value)
+    else:
+        rb = PyUniformReplayBuffer(SPEC, batch_size=SEGMENTS, max_length=length, seed=0)
+        arrays = rb._arrays
+
+        def put(name, value):
+            arrays[name][...] = value
+
+    local = np.repeat(np.arange(length), SEGMENTS)  # row r holds local id r // SEGMENTS
+    pos = (local % EPISODE).astype(np.int32)
+    put("index/pos", pos)
+    put("index/num_adds", np.full([SEGMENTS], length, np.int64))
+    per_segment = np.bincount(np.minimum(pos[::SEGMENTS], POS_BINS - 1), minlength=POS_BINS)
+    put("index/pos_counts", np.tile(per_segment, (SEGMENTS, 1)).astype(np.int64))
+    put("storage/step_type", np.where(pos == 0, 0, 1).astype(np.int32))
+    put("storage/terminated", pos == EPISODE - 1)
+    put("storage/discount", np.where(pos == EPISODE - 1, 0, 1).astype(np.float32))
+    return rb
+
+
+def in_graph(rb, **kwargs):
+    """`LOOP` get_next calls inside one tf.function, per call of that function."""
+
+    @tf.function
+    def loop():
+        total = tf.constant(0.0)
+        for _ in tf.range(LOOP):
+            items, _ = rb.get_next(**kwargs)
+            total += tf.reduce_sum(tf.cast(tf.nest.flatten(items)[2], tf.float32))
+        return total
+
+    return Bench(loop, ops=LOOP)
+
+
+def sequence_rows(repeats: int, block: float, capacities: list) -> list:
+    rows = []
+    for twin in ("tf", "py"):
+        small = full_buffer(twin, capacities[0])
+        for name, transform in [("strict", Sequences(80)), ("padded", Sequences(80, pad=True))]:
+            base = Bench(lambda rb=small, t=transform: rb.get_next(32, transform=t))
+            for capacity in capacities[1:]:
+                big = full_buffer(twin, capacity)
+                ours, theirs = compare(
+                    Bench(lambda rb=big, t=transform: rb.get_next(32, transform=t)), base, repeats, block
+                )
+                rows.append(
+                    (
+                        f"{twin.upper()} Sequences(80) {name}, get_next(32)",
+                        f"{capacity:,} vs {capacities[0]:,}",
+                        ours,
+                        theirs,
+                        1.2,
+                    )
+                )
+                del big
+    return rows
+
+
+def n_step_rows(repeats: int, block: float, capacity: int) -> list:
+    rows = []
+    n_step = NStepReturns(n=3, gamma=0.99)
+    for twin in ("tf", "py"):
+        rb = full_buffer(twin, capacity)
+        pairs = [
+            (
+                "eager" if twin == "tf" else "",
+                Bench(lambda rb=rb: rb.get_next(256, transform=n_step)),
+                Bench(lambda rb=rb: rb.get_next(256, num_steps=4)),
+            )
+        ]
+        if twin == "tf":
+            pairs.append(
+                (
+                    "in-graph",
+                    in_graph(rb, sample_batch_size=256, transform=n_step),
+                    in_graph(rb, sample_batch_size=256, num_steps=4),
+                )
+            )
+        for variant, subject, baseline in pairs:
+            ours, theirs = compare(subject, baseline, repeats, block)
+            label = f"{twin.upper()} {variant} NStepReturns(3) vs num_steps=4, get_next(256)".replace("  ", " ")
+            rows.append((label, f"{capacity:,}", ours, theirs, 1.3))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--block", type=float, default=0.2)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
+    rows = sequence_rows(args.repeats, args.block, [10_000, 100_000, 1_000_000])
+    rows += n_step_rows(args.repeats, args.block, 100_000)
+    head = ["case", "capacity", "µs", "baseline µs", "ratio", "noise", "target", "met?"]
+    body = []
+    for case, capacity, ours, theirs, target in rows:
+        ratio = ours.median / theirs.median
+        body.append(
+            [
+                case,
+                capacity,
+                f"{ours.median * 1e6:.0f}",
+                f"{theirs.median * 1e6:.0f}",
+                f"{ratio:.2f}",
+                f"±{ours.spread * 50:.0f}%",
+                f"<= {target}",
+                "yes" if ratio <= target else "NO",
+            ]
+        )
+    print(format_table(head, body, args.markdown, numeric=range(2, 6)))
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""Transforms: what a sample becomes, computed from windows of items at sample time.
+
+`buffer.get_next(sample_batch_size=B, transform=t)` and
+`buffer.as_dataset(sample_batch_size=B, transform=t)` draw windows of
+`t.num_steps` items with the buffer's own sampler and storage, then return
+`t(items, mask, ops)` with `BufferInfo(ids, probabilities)` of each window's
+*first* item (`[B]`: a window's priority is its first item's, so
+`update_priorities(info.ids, ...)` works as usual). It runs in the graph (TF
+buffers: eagerly, in `tf.function`, in `as_dataset`) or in NumPy (the NumPy
+twins), through the same lines.
+
+The interface, all a new transform needs (one class):
+
+* `num_steps`: the window length the sampler draws.
+* `padded`: False for *strict* windows, all `num_steps` items real steps of
+  one episode; True for *padded* windows, which may run past their episode's
+  end (a start is drawable when its window is complete or its episode ended
+  inside it at a stored item; never past the write head of an unfinished
+  episode). Items after the end are zeros and `mask` is False there.
+* `output_spec(item_spec)`: the spec of one output (no batch axis) for a
+  buffer whose sampled item has `item_spec`; raises on items it cannot use.
+* `__call__(items, mask, ops)`: `items` time-stacked `[B, T, ...]`, `mask`
+  `[B, T]` bool (True on the real steps of the first item's episode; always
+  True for strict windows), `ops` the twin's array namespace (`core.ops`:
+  `NUMPY_OPS` or `TF_OPS`); returns a batch of outputs `[B, ...]`. Steps
+  where `mask` is False hold whatever their rows hold (the next episode, or
+  stale rows past the write head): `pad(items, mask, ops)` zeroes them, for
+  transforms that return them.
+
+On a buffer whose items mark episode boundaries (`step_type`, `first`,
+`terminated`, `truncated`, or an `EpisodeRule`) windows follow episodes
+whatever the buffer's `within_episodes`; without boundaries a segment is one
+endless episode, so every window is `num_steps` consecutive items that do not
+cross the write head.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections.abc
+import dataclasses
+import math
+import types
+from typing import Any, NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from tfreplay.core.ops import NUMPY_OPS
+from tfreplay.core.specs import Nest
+
+
+class Window(NamedTuple):
+    """Time-stacked windows and which of their steps are real.
+
+    Attributes:
+      items: the stored items' nest, each leaf `[B, T, ...]` (zeros where `mask` is False).
+      mask: `[B, T]` bool: True on real steps of the episode of the window's first item.
+    """
+
+    items: Any
+    mask: Any
+
+
+class Transform(abc.ABC):
+    """Maps sampled windows to what a learner reads; see the module docstring."""
+
+    num_steps: int
+    padded: bool
+
+    @abc.abstractmethod
+    def output_spec(self, item_spec: Nest) -> Nest:
+        """The spec of one output for sampled items of `item_spec`; raises on items it cannot use."""
+
+    @abc.abstractmethod
+    def __call__(self, items: Nest, mask: Any, ops: Any) -> Nest:
+        """Outputs `[B, ...]` of windows `items` `[B, T, ...]` with their `[B, T]` mask."""
+
+
+# Operations the core's `ops` namespaces do not need, for NumPy arrays and tensors.
+_NP = types.SimpleNamespace(
+    sum1=lambda x: np.sum(x, axis=1),
+    prod1=lambda x: np.prod(x, axis=1),
+    pick=lambda x, i: x[np.arange(len(i)), i],
+    cast=lambda x, dtype: np.asarray(x, dtype),
+    dtype=lambda x: x.dtype,
+    rank=lambda x: x.ndim,
+)
+_TF = types.SimpleNamespace(
+    sum1=lambda x: tf.reduce_sum(x, axis=1),
+    prod1=lambda x: tf.reduce_prod(x, axis=1),
+    pick=lambda x, i: tf.gather(x, i, batch_dims=1),
+    cast=lambda x, dtype: tf.cast(x, dtype),
+    dtype=lambda x: x.dtype.as_numpy_dtype,
+    rank=lambda x: x.shape.rank,
+)
+
+
+def pad(items: Nest, mask: Any, ops: Any) -> Nest:
+    """Windows `[B, T, ...]` with zeros wherever `mask` (`[B, T]`) is False."""
+
+    def zero(x: Any) -> Any:
+        keep = ops.reshape(mask, list(mask.shape) + [1] * (len(x.shape) - 2))
+        return ops.where(keep, x, ops.zeros_like(x))
+
+    return tf.nest.map_structure(zero, items)
+
+
+def _arrays(ops: Any) -> types.SimpleNamespace:
+    return _NP if ops is NUMPY_OPS else _TF
+
+
+def _fields(where: str, item_spec: Nest) -> dict:
+    """The top-level fields of a mapping or NamedTuple item spec, by name."""
+    if isinstance(item_spec, collections.abc.Mapping):
+        return dict(item_spec)
+    if hasattr(item_spec, "_fields"):
+        return dict(zip(item_spec._fields, item_spec))
+    raise TypeError(f"{where}: the sampled item ({type(item_spec).__name__}) must be a mapping or a NamedTuple.")
+
+
+def _get(items: Any, name: str) -> Any:
+    return items[name] if isinstance(items, collections.abc.Mapping) else getattr(items, name)
+
+
+def _replace(items: Any, values: dict) -> Any:
+    if isinstance(items, collections.abc.Mapping):
+        return {**items, **values}
+    return items._replace(**values)
+
+
+def _check_int(where: str, name: str, value: Any, least: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+        rule = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ValueError(f"{where}: {name} ({value!r}) must be {rule}.")
+
+
+def _check_unit(where: str, name: str, value: Any) -> None:
+    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not 0 <= value <= 1:
+        raise ValueError(f"{where}: {name} ({value!r}) must be a number in [0, 1].")
+
+
+@dataclasses.dataclass(frozen=True)
+class NStepReturns(Transform):
+    """n-step transitions from padded windows of `n` items (Transition-like items).
+
+    For the window starting at item `t`, let `m <= n` be its number of real
+    steps (`m < n` when the episode ends inside it). The output is item `t`
+    with:
+
+    * `reward = sum_{k<m} gamma**k * reward[t+k]`;
+    * `next_observation`, `terminated`, `truncated` of item `t+m-1`;
+    * `discount = gamma**m * prod_{k<m} discount[t+k]`: the whole bootstrap
+      factor, 0 after a terminated end (its discount is 0), `gamma**m` after a
+      truncated end or over a full window.
+
+    So a learner's target is `reward + discount * max_a Q(next_observation, a)`
+    with no further `gamma`. Items without a `discount` field (frame buffers)
+    use `1 - terminated` per step and gain a `discount` entry. Other fields are
+    item `t`'s. Field names are configurable; `terminated` and `truncated` may
+    be absent.
+
+    Example:
+      `ds = buffer.as_dataset(sample_batch_size=64, transform=NStepReturns(n=3, gamma=0.99))`
+    """
+
+    n: int
+    gamma: float
+    reward: str = "reward"
+    discount: str = "discount"
+    next_observation: str = "next_observation"
+    terminated: str = "terminated"
+    truncated: str = "truncated"
+
+    def __post_init__(self) -> None:
+        _check_int("NStepReturns", "n", self.n, 1)
+        _check_unit("NStepReturns", "gamma", self.gamma)
+        for name in ("reward", "discount", "next_observation", "terminated", "truncated"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"NStepReturns: {name} ({getattr(self, name)!r}) must be a field name (str).")
+
+    @property
+    def num_steps(self) -> int:  # type: ignore[override]
+        return int(self.n)
+
+    @property
+    def padded(self) -> bool:  # type: ignore[override]
+        return True
+
+    def output_spec(self, item_spec: Nest) -> Nest:
+        where = "NStepReturns"
+        fields = _fields(where, item_spec)
+        for name in (self.reward, self.next_observation):
+            if name not in fields:
+                raise ValueError(f"{where}: the sampled item ({sorted(fields)}) must have a {name!r} field.")
+        reward = fields[self.reward]
+        if not isinstance(reward, tf.TensorSpec) or not reward.dtype.is_floating:
+            raise TypeError(f"{where}: field {self.reward!r} ({reward!r}) must be a floating-point tf.TensorSpec.")
+        for name in (self.terminated, self.truncated):
+            spec = fields.get(name)
+            if spec is not None and (not isinstance(spec, tf.TensorSpec) or spec.dtype != tf.bool):
+                raise TypeError(f"{where}: field {name!r} ({spec!r}) must be a tf.bool tf.TensorSpec.")
+        discount = fields.get(self.discount)
+        if discount is not None:
+            if not isinstance(discount, tf.TensorSpec) or not discount.dtype.is_floating or discount.shape.rank != 0:
+                raise TypeError(
+                    f"{where}: field {self.discount!r} ({discount!r}) must be a scalar floating-point spec."
+                )
+            return item_spec
+        if self.terminated not in fields or not isinstance(item_spec, collections.abc.Mapping):
+            raise ValueError(
+                f"{where}: the sampled item ({sorted(fields)}) must have a {self.discount!r} field, or be a mapping "
+                f"with a {self.terminated!r} field to derive it from."
+            )
+        return {**item_spec, self.discount: tf.TensorSpec([], reward.dtype)}
+
+    def __call__(self, items: Nest, mask: Any, ops: Any) -> Nest:
+        a = _arrays(ops)
+        reward = _get(items, self.reward)
+        dtype = a.dtype(reward)
+        real = a.sum1(ops.to_int64(mask))  # >= 1: a window's first item is always real
+        last = real - 1
+        powers = np.asarray(self.gamma ** np.arange(self.n + 1), dtype)
+        weights = np.reshape(powers[: self.n], [1, self.n] + [1] * (a.rank(reward) - 2))
+        keep = ops.reshape(mask, list(mask.shape) + [1] * (a.rank(reward) - 2))
+        values = {self.reward: a.sum1(ops.where(keep, reward * weights, ops.zeros_like(reward)))}
+        fields = items._fields if hasattr(items, "_fields") else list(items)
+        if self.discount in fields:
+            step_discount = _get(items, self.discount)
+        else:
+            step_discount = 1 - a.cast(_get(items, self.terminated), dtype)
+        step_discount = ops.where(mask, step_discount, ops.ones_like(step_discount))
+        values[self.discount] = ops.gather(np.asarray(powers, a.dtype(step_discount)), real) * a.prod1(step_discount)
+        lasts = {f: _get(items, f) for f in (self.next_observation, self.terminated, self.truncated) if f in fields}
+        firsts = {f: _get(items, f) for f in fields if f not in values and f not in lasts}
+        # One nest walk each: tf.nest costs more than the slicing it maps on small batches.
+        lasts = tf.nest.map_structure(lambda x: a.pick(x, last), lasts)
+        firsts = tf.nest.map_structure(lambda x: x[:, 0], firsts)
+        return _replace(items, {**firsts, **lasts, **values})
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequences(Transform):
+    """Sequences of `burn_in + length` items for recurrent learners, as a `Window`.
+
+    Args:
+      length: steps a learner trains on.
+      burn_in: steps before them that only warm up a recurrent state (R2D2).
+      pad: False: every sequence lies inside one episode (strict). True: a
+        sequence may run past its episode's end; the steps after it are zeros
+        and `mask` is False there.
+
+    Returns (per sample) `Window(items, mask)`: `items` the stored item nest
+    time-stacked `[B, burn_in + length, ...]` (`items[:, :burn_in]` is the
+    burn-in), `mask` `[B, burn_in + length]` bool. A recurrent state stored
+    with each item is just another field of the spec, read like the others.
+    """
+
+    length: int
+    burn_in: int = 0
+    pad: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("Sequences", "length", self.length, 1)
+        _check_int("Sequences", "burn_in", self.burn_in, 0)
+        if not isinstance(self.pad, bool):
+            raise TypeError(f"Sequences: pad ({self.pad!r}) must be a bool.")
+
+    @property
+    def num_steps(self) -> int:  # type: ignore[override]
+        return int(self.burn_in + self.length)
+
+    @property
+    def padded(self) -> bool:  # type: ignore[override]
+        return self.pad
+
+    def output_spec(self, item_spec: Nest) -> Window:
+        steps = self.num_steps
+        items = tf.nest.map_structure(lambda s: tf.TensorSpec([steps] + s.shape.as_list(), s.dtype), item_spec)
+        return Window(items=items, mask=tf.TensorSpec([steps], tf.bool))
+
+    def __call__(self, items: Nest, mask: Any, ops: Any) -> Window:
+        return Window(items=pad(items, mask, ops) if self.pad else items, mask=mask)
+
+
+def sequence_priorities(td_errors: Any, mask: Any, eta: float = 0.9) -> Any:
+    """R2D2's sequence priority: `eta * max + (1 - eta) * mean` of `|td_errors|` over the valid steps.
+
+    Args:
+      td_errors: `[B, T]` per-step TD errors of `B` sequences (NumPy or tensors).
+      mask: `[B, T]` bool, True on valid steps (e.g. `Window.mask[:, burn_in:]`).
+      eta: the weight of the maximum, in [0, 1].
+
+    Returns:
+      `[B]` priorities, for `buffer.update_priorities(info.ids, ...)` (ids of
+      the sequences' first items); NumPy when both inputs are, else a tensor.
+    """
+    _check_unit("sequence_priorities", "eta", eta)
+    if tuple(np.shape(td_errors)) != tuple(np.shape(mask)) or len(np.shape(mask)) != 2:
+        raise ValueError(
+            f"sequence_priorities: td_errors (shape {tuple(np.shape(td_errors))}) and mask "
+            f"(shape {tuple(np.shape(mask))}) must both be [batch, time]."
+        )
+    if isinstance(td_errors, np.ndarray) and isinstance(mask, np.ndarray):
+        err = np.where(mask, np.abs(td_errors), 0)
+        mean = err.sum(1) / np.maximum(mask.sum(1), 1)
+        return eta * err.max(1) + (1 - eta) * mean
+    td_errors = tf.convert_to_tensor(td_errors)
+    mask = tf.cast(mask, tf.bool)
+    err = tf.where(mask, tf.abs(td_errors), tf.zeros_like(td_errors))
+    mean = tf.reduce_sum(err, 1) / tf.maximum(tf.reduce_sum(tf.cast(mask, err.dtype), 1), 1)
+    return eta * tf.reduce_max(err, 1) + (1 - eta) * mean
