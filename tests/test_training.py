@@ -328,14 +328,15 @@ def test_the_comparison_table_reads_runs_that_missed_the_threshold_as_lower_boun
     assert lines[3] == "| PER + 3-step (seeds 0, 1) | not in 100,000, 20,000 | > 60,000 | 300.0, 490.5 | 200 |"
 
 
-def test_n_step_training_targets_are_the_n_step_returns_of_the_stored_episodes():
+@pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, TFPrioritizedReplayBuffer])
+def test_n_step_training_targets_are_the_n_step_returns_of_the_stored_episodes(buffer_cls):
     # One segment: an episode terminated at t=3, one truncated at t=6, one still running (t=7, 8).
     spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
     rng = np.random.default_rng(3)
     observations = rng.normal(size=(10, 2)).astype(np.float32)
     rewards = rng.normal(size=9).astype(np.float32)
     terminated, truncated = np.arange(9) == 3, np.arange(9) == 6
-    rb = TFUniformReplayBuffer(spec, batch_size=1, max_length=16, seed=3)
+    rb = buffer_cls(spec, batch_size=1, max_length=16, seed=3)
     for t in range(9):
         batch = tf.nest.map_structure(lambda s: np.zeros([1] + s.shape.as_list(), s.dtype.as_numpy_dtype), spec)
         rb.add_batch(

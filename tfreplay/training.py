@@ -38,9 +38,11 @@ import tf_keras
 from tfreplay.agents import DqnAgent, LossInfo, make_q_network
 from tfreplay.buffers import TFPrioritizedReplayBuffer, TFUniformReplayBuffer, importance_weights
 from tfreplay.core import specs
-from tfreplay.core.api import ReplayBuffer
+from tfreplay.core.api import BufferInfo, ReplayBuffer
+from tfreplay.core.ops import TF_OPS
 from tfreplay.drivers import StepDriver, make_vector_env, transition_spec
 from tfreplay.observers import AverageEpisodeLength, AverageReturn
+from tfreplay.transforms import NStepReturns
 
 
 @dataclasses.dataclass
@@ -176,16 +178,38 @@ def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int, transform: 
     """
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False  # a prefetch thread would race the collector
-    kwargs = {} if transform is None else {"transform": transform}
-    return buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None, **kwargs).with_options(options)
+    if transform is None:
+        dataset = buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None)
+    elif isinstance(buffer, TFPrioritizedReplayBuffer):
+        dataset = _ring_windows_dataset(buffer, sample_batch_size, transform)
+    else:
+        dataset = buffer.as_dataset(sample_batch_size=sample_batch_size, transform=transform)
+    return dataset.with_options(options)
+
+
+def _ring_windows_dataset(buffer: ReplayBuffer, sample_batch_size: int, transform: Any) -> tf.data.Dataset:
+    """`transform` over plain ring windows cut at their first item's episode end.
+
+    The prioritized sampler does not draw padded windows yet, so the episode's
+    end is found here, from the drivers' `terminated`/`truncated` flags: the
+    steps after it get a False mask, as the transform expects. A ring window
+    never crosses the write head, so the newest `n - 1` items of a segment
+    start no window until more are written (the core's padded windows also
+    draw those that end an episode).
+    """
+
+    def cut(items: Any, info: BufferInfo) -> tuple:
+        ended = tf.cast(items.terminated | items.truncated, tf.int32)
+        mask = tf.cumsum(ended, axis=1, exclusive=True) == 0  # real up to the first end, included
+        return transform(items, mask, TF_OPS), BufferInfo(info.ids[:, 0], info.probabilities)
+
+    return buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=transform.num_steps).map(cut)
 
 
 def n_step_transform(config: DqnConfig) -> Any:
     """`NStepReturns(n_step, gamma)` when `n_step > 1`, else None (stored transitions, discounted by the agent)."""
     if config.n_step == 1:
         return None
-    from tfreplay import NStepReturns
-
     return NStepReturns(n=config.n_step, gamma=config.gamma)
 
 
