@@ -525,13 +525,14 @@ reports. Priority 0 means never drawn, until raised again.""",
 priorities = np.array([0.0, 0.5, 2.0, 8.0, 32.0])
 rb.update_priorities(info.ids, priorities)
 
-num_draws = 20_000
+num_draws = 100_000
 _, many = rb.get_next(sample_batch_size=num_draws)
 drawn = many.ids.numpy()
 weights = priorities**0.6
 exact = weights / (weights.sum() + (num_items - 5))  # the other items kept priority 1
 for item, priority, p in zip(info.ids.numpy(), priorities, exact):
-    print(f"id {item:5d}  priority {priority:5.1f}  drawn {np.mean(drawn == item):.5f}  exact {p:.5f}")""",
+    count = np.sum(drawn == item)
+    print(f"id {item:5d}  priority {priority:5.1f}  drawn {count:4d} times, expected {num_draws * p:6.1f}")""",
     ),
     (
         "md",
@@ -580,8 +581,8 @@ print(f"loss: {np.mean(losses[:20]):.3f} at first, {np.mean(losses[-20:]):.3f} a
     (
         "md",
         """\
-The priorities now follow the TD errors: a few transitions, often those at the end of an
-episode, where the reward stops, are drawn far more often than the rest.""",
+The priorities now follow the TD errors: a few transitions are drawn far more often than
+the rest, and those the agent already predicts well, rarely.""",
     ),
     (
         "code",
@@ -688,15 +689,18 @@ for k in np.argsort(info.ids.numpy()):
         "md",
         """\
 Prioritized sequences use R2D2's mix of the per-step TD errors over the valid steps after
-the burn-in: `eta * max + (1 - eta) * mean`. `sequence_priorities` computes it; the
-priority of a sequence is that of its first item, so `update_priorities(info.ids, ...)`
-works as for single transitions. (Here the TD errors are made up: a recurrent learner would
-compute them.)""",
+the burn-in: `eta * max + (1 - eta) * mean`. `sequence_priorities` computes it. The
+priority of a sequence is that of its first item, and `info.ids` are those items' ids: the
+priorities go to `update_priorities(info.ids, ...)` as for single transitions. (Here the TD
+errors are made up: a recurrent learner would compute them. A sequence with no valid step
+after its burn-in gets priority 0. The prioritized sampler does
+not draw episode-aware windows yet, so `train_dqn` cuts its n-step windows at episode ends
+itself.)""",
     ),
     (
         "code",
         """\
-td_errors = np.random.default_rng(0).normal(size=window.mask.shape)[:, sequences.burn_in:]
+td_errors = np.random.default_rng(0).normal(size=window.mask.shape)[:, sequences.burn_in :]
 mask = window.mask.numpy()[:, sequences.burn_in:]
 print("sequence priorities:", tfreplay.sequence_priorities(td_errors, mask, eta=0.9).round(3))""",
     ),
