@@ -84,7 +84,7 @@ def table(records: list[dict]) -> str:
         "train steps/s |",
         "|---|---|---:|---|---:|",
     ]
-    for variant in dict.fromkeys(r["variant"] for r in records):
+    for variant in sorted({r["variant"] for r in records}, key=list(VARIANTS).index):
         rows = sorted((r for r in records if r["variant"] == variant), key=lambda r: r["seed"])
         reached = [r["steps_to_threshold"] for r in rows]
         per_seed = ", ".join(f"{s:,}" if s is not None else f"not in {r['budget']:,}" for s, r in zip(reached, rows))
