@@ -556,7 +556,7 @@ for beta in (0.0, 0.4, 1.0):
 `agent.train(items, weights)` scales each sample's Huber loss by its weight and returns
 each sample's `|TD error|` in `LossInfo.abs_td_errors`: the new priorities. The whole step
 is one graph: weights, gradient step and `update_priorities` (an update for an item that
-was overwritten meanwhile is ignored). `tfreplay.training.prioritized_train_step` is these
+was overwritten meanwhile is ignored). `tfreplay.learner.prioritized_train_step` is these
 lines.""",
     ),
     (
