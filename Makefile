@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo bench lint venv clean
+.PHONY: test demo bench bench-prioritized lint venv clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+$(VENV)/.installed-bench: setup.py $(STAMP)
+	$(PY) -m pip install --quiet -e ".[bench]"
+	touch $@
+
+bench-prioritized: $(VENV)/.installed-bench
+	$(PY) -m benchmarks.prioritized
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

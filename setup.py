@@ -1,4 +1,4 @@
-"""Install tfreplay: `pip install .` (add `[test]`, `[examples]` or `[dev]`)."""
+"""Install tfreplay: `pip install .` (add `[test]`, `[examples]`, `[bench]` or `[dev]`)."""
 
 from setuptools import find_packages, setup
 
@@ -22,7 +22,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfreplay", "tfreplay.*"]),
-    package_data={"tfreplay": ["kernels/*.cc"]},  # the frame-stacking kernel, compiled on first use
+    package_data={"tfreplay": ["kernels/*.cc", "kernels/*.h"]},  # native kernels, compiled on first use
     python_requires=">=3.9",
     install_requires=[
         "tensorflow>=2.15",
@@ -34,6 +34,7 @@ setup(
     extras_require={
         "test": TEST,
         "examples": EXAMPLES,
+        "bench": ["cpprb>=10.7"],  # benchmarks/prioritized.py compares against its PrioritizedReplayBuffer
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],
     },
     classifiers=[

@@ -6,13 +6,36 @@ any seed), report exactly that probability, never draw priority 0, and
 ignore updates for items overwritten since.
 """
 
+import itertools
+import pathlib
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SPEC, decode, make_items
+from helpers import FRAME, SPEC, Reference, decode, make_items, make_stream, row
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from scipy import stats
 
-from tfreplay.buffers import PyPrioritizedReplayBuffer, TFPrioritizedReplayBuffer, importance_weights
+from tfreplay import native
+from tfreplay.buffers import (
+    Prioritized,
+    PyPrioritizedFrameReplayBuffer,
+    PyPrioritizedReplayBuffer,
+    TFPrioritizedFrameReplayBuffer,
+    TFPrioritizedReplayBuffer,
+    importance_weights,
+    rows_storage,
+)
+from tfreplay.core.ops import NUMPY_OPS, TF_OPS
+from tfreplay.core.samplers.prioritized import PrioritizedSampler
+from tfreplay.core.samplers.sum_tree import SumTree
+from tfreplay.core.storage import frame_data_spec
+from tfreplay.core.twin_py import PyBuffer
+from tfreplay.core.twin_tf import TFBuffer
 
 CLASSES = {"tf": TFPrioritizedReplayBuffer, "py": PyPrioritizedReplayBuffer}
 B, L, ALPHA = 2, 6, 0.7
@@ -130,3 +153,290 @@ def test_importance_weights_follow_the_formula():
     got = importance_weights(probs, 8, beta=0.5).numpy()
     raw = (8 * probs) ** -0.5
     np.testing.assert_allclose(got, raw / raw.max(), rtol=1e-6)
+
+
+# --- windows that cannot be drawn -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_draws_that_keep_landing_on_young_rows_come_from_the_exact_scan(kind):
+    """Almost all the mass on rows that cannot start a window: rejection keeps missing, the exact scan draws."""
+    rb = filled(kind, steps=3)  # windows of 3: only ids 0 and 1 can start one
+    rb.update_priorities(live_ids(3), np.array([1e-4, 3e-4, 1e4, 1e4, 1e4, 1e4]))
+    items, info = rb.get_next(sample_batch_size=4000, num_steps=3)
+    first = decode(items)[:, 0]
+    assert set(first.tolist()) <= {0, 1}
+    weights = np.array([1e-4, 3e-4]) ** ALPHA
+    counts = np.array([np.sum(first == 0), np.sum(first == 1)])
+    assert stats.chisquare(counts, weights / weights.sum() * len(first)).pvalue > 1e-6
+    np.testing.assert_allclose(np.asarray(info.probabilities), (weights / weights.sum())[first], rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_all_priorities_zero_is_an_empty_buffer(kind):
+    rb = filled(kind, steps=2)
+    rb.update_priorities(live_ids(2), np.zeros(4))
+    with pytest.raises(ValueError, match="get_next: the buffer is empty"):
+        rb.get_next(sample_batch_size=3)
+
+
+EPISODE_SPEC = {"id": tf.TensorSpec([], tf.int64), "first": tf.TensorSpec([], tf.bool)}
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_windows_inside_episodes_are_refused_beyond_one_step(kind):
+    rb = CLASSES[kind](EPISODE_SPEC, batch_size=B, max_length=L, within_episodes=True, seed=0)
+    for step in range(4):
+        rb.add_batch({"id": step * B + np.arange(B), "first": np.full(B, step == 0)})
+    refused = r"num_steps \(2\) must be None or 1 when windows stay inside episodes.*padded windows"
+    with pytest.raises(ValueError, match=refused):
+        rb.get_next(sample_batch_size=5, num_steps=2)
+    items, info = rb.get_next(sample_batch_size=5, num_steps=1)  # single items are exact
+    assert set(np.asarray(items["id"]).reshape(-1).tolist()) <= set(range(8))
+
+
+# --- frames -----------------------------------------------------------------------------------
+
+FRAME_CLASSES = {"tf": TFPrioritizedFrameReplayBuffer, "py": PyPrioritizedFrameReplayBuffer}
+
+
+def frame_buffer(kind, seed, max_length=10, history_len=3, length=27):
+    """A prioritized frame buffer fed `length` rows of two streams (so it wrapped), and the reference."""
+    rng = np.random.default_rng(seed)
+    streams = [make_stream(rng, s, length, max_episode=5) for s in range(2)]
+    rb = FRAME_CLASSES[kind](
+        frame_data_spec(FRAME), batch_size=2, max_length=max_length, history_len=history_len, alpha=ALPHA, seed=seed
+    )
+    for i in range(length):
+        rb.add_batch(row(streams, i))
+    return rb, Reference(streams, max_length, history_len), rng
+
+
+@pytest.mark.parametrize("kind", sorted(FRAME_CLASSES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_frame_transitions_follow_the_priorities_exactly(kind, seed):
+    """Every live id is given a priority, first frames and transitions whose history is gone included: only
+    valid transitions are drawn, each with priority**alpha over the sum over valid transitions."""
+    rb, ref, rng = frame_buffer(kind, seed)
+    live = np.arange((27 - 10) * 2, 27 * 2)
+    new = rng.uniform(0.2, 5.0, len(live))
+    valid = sorted(ref.valid())
+    new[live == valid[0]] = 0.0  # never drawn
+    rb.update_priorities(live, new)
+    priority = dict(zip(live.tolist(), new.tolist()))
+    weights = np.array([priority[i] ** ALPHA for i in valid])
+    probs = weights / weights.sum()
+    items, info = rb.get_next(sample_batch_size=8000)
+    ids = np.asarray(info.ids)
+    ref.check(tf.nest.map_structure(np.asarray, items), ids)
+    assert set(ids.tolist()) <= set(valid) and valid[0] not in ids
+    counts = np.array([np.sum(ids == i) for i in valid])
+    keep = probs > 0
+    assert stats.chisquare(counts[keep], probs[keep] * len(ids)).pvalue > 1e-6
+    lookup = dict(zip(valid, probs))
+    np.testing.assert_allclose(np.asarray(info.probabilities), [lookup[i] for i in ids], rtol=1e-5)
+    assert int(rb.num_transitions()) == len(valid)
+
+
+@pytest.mark.parametrize("kind", sorted(FRAME_CLASSES))
+def test_frame_windows_are_refused_beyond_one_step(kind):
+    rb, _, _ = frame_buffer(kind, 0)
+    with pytest.raises(ValueError, match=r"num_steps \(2\) must be None or 1 when windows stay inside episodes"):
+        rb.get_next(sample_batch_size=4, num_steps=2)
+
+
+# --- the native sum tree against the array-op fallback -------------------------------------
+
+
+class TFAssembled(Prioritized, TFBuffer):
+    pass
+
+
+class PyAssembled(Prioritized, PyBuffer):
+    pass
+
+
+def assembled(kind, use_native, seed=5):
+    """`TFPrioritizedReplayBuffer` / `PyPrioritizedReplayBuffer` assembled with the compiled sum tree on or off."""
+    sampler = PrioritizedSampler(ALPHA, use_native=use_native)
+    if kind == "tf":
+        return TFAssembled(SPEC, B, L, rows_storage, sampler, None, scope="per", device="cpu:*", seed=seed)
+    return PyAssembled(SPEC, rows_storage, sampler, None, batch_size=B, max_length=L, seed=seed, name="per")
+
+
+def sum_tree_of(rb, tmp_path) -> np.ndarray:
+    """The sum tree as checkpointed (the only place it shows)."""
+    path = tf.train.Checkpoint(buffer=rb).write(str(tmp_path / f"tree{next(CHECKPOINTS)}"))
+    reader = tf.train.load_checkpoint(path)
+    (key,) = [k for k in reader.get_variable_to_shape_map() if "sum_tree" in k]
+    return reader.get_tensor(key)
+
+
+CHECKPOINTS = itertools.count()
+needs_native = pytest.mark.skipif(
+    native.sum_tree_library() is None or native.sum_tree_ops() is None, reason="no compiled sum tree here"
+)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_native_and_array_op_paths_draw_the_same_and_build_the_same_tree(kind, tmp_path):
+    rng = np.random.default_rng(7)
+    fast, slow = assembled(kind, True), assembled(kind, False)
+    for step in range(L + 3):  # wraps
+        for rb in (fast, slow):
+            rb.add_batch(make_items(step * B + np.arange(B)))
+        ids = rng.integers(0, (step + 1) * B, 5)
+        ids[1] = ids[0]  # a duplicate: the last of its priorities wins on both paths
+        new = rng.uniform(0, 4, 5)
+        stale = [int(rb.update_priorities(ids, new)) for rb in (fast, slow)]
+        assert stale[0] == stale[1]
+        np.testing.assert_array_equal(sum_tree_of(fast, tmp_path), sum_tree_of(slow, tmp_path))
+        for num_steps in (None, 2) if step else (None,):
+            got = [rb.get_next(sample_batch_size=64, num_steps=num_steps, time_stacked=True) for rb in (fast, slow)]
+            np.testing.assert_array_equal(np.asarray(got[0][1].ids), np.asarray(got[1][1].ids))
+            np.testing.assert_array_equal(np.asarray(got[0][1].probabilities), np.asarray(got[1][1].probabilities))
+
+
+# --- the sum tree against a model, through every add, update and clear -----------------------
+
+
+class SumTreeModel(RuleBasedStateMachine):
+    """Each live item's priority in a dict; after every step the checkpointed tree must hold `p ** alpha` of
+    exactly the live items in its leaves and, in every inner node, the sum of its two children."""
+
+    KIND = "py"
+    _cached: dict = {}
+
+    @initialize()
+    def start(self):
+        if self.KIND not in self._cached:  # one TF buffer per run: each traces its functions once
+            self._cached[self.KIND] = CLASSES[self.KIND](SPEC, batch_size=B, max_length=L, alpha=ALPHA, seed=0)
+        self.rb = self._cached[self.KIND]
+        self.rb.clear()
+        self.steps, self.priority, self.largest = 0, {}, 0.0
+        self.dir = tempfile.mkdtemp()
+
+    @rule(count=st.integers(1, 8))
+    def add(self, count):
+        for _ in range(count):
+            ids = self.steps * B + np.arange(B)
+            self.rb.add_batch(make_items(ids))
+            self.priority.update({int(i): max(self.largest, 1.0) for i in ids})
+            self.steps += 1
+        live = set(live_ids(self.steps).tolist())
+        self.priority = {i: p for i, p in self.priority.items() if i in live}
+
+    @precondition(lambda self: self.steps > 0)
+    @rule(data=st.data())
+    def update(self, data):
+        ids = data.draw(st.lists(st.integers(0, self.steps * B - 1), min_size=1, max_size=10))
+        values = st.one_of(st.sampled_from([0.0, 1.0, 3.0]), st.floats(0.01, 100.0))
+        priorities = data.draw(st.lists(values, min_size=len(ids), max_size=len(ids)))
+        stale = self.rb.update_priorities(np.array(ids, np.int64), np.array(priorities))
+        assert int(stale) == sum(i not in self.priority for i in ids)
+        for i, p in zip(ids, priorities):  # of an id given twice, the last priority wins
+            if i in self.priority:
+                self.priority[i] = p
+                self.largest = max(self.largest, p)
+
+    @rule()
+    def clear(self):
+        self.rb.clear()
+        self.steps, self.priority, self.largest = 0, {}, 0.0
+
+    @invariant()
+    def the_tree_sums_its_live_leaves(self):
+        tree = sum_tree_of(self.rb, pathlib.Path(self.dir))
+        leaves = len(tree) // 2
+        inner = np.arange(1, leaves)
+        np.testing.assert_array_equal(tree[inner], tree[2 * inner] + tree[2 * inner + 1])
+        want = np.zeros(leaves)
+        for i, p in self.priority.items():
+            want[(i // B % L) * B + i % B] = p**ALPHA
+        np.testing.assert_allclose(tree[leaves:], want, rtol=1e-12)
+        np.testing.assert_allclose(tree[1], want.sum(), rtol=1e-12)
+
+    @invariant()
+    def samples_report_their_share(self):
+        total = sum(p**ALPHA for p in self.priority.values())
+        if total == 0:
+            with pytest.raises(ValueError, match="get_next: the buffer is empty"):
+                self.rb.get_next(sample_batch_size=4)
+            return
+        items, info = self.rb.get_next(sample_batch_size=16)
+        ids = decode(items)
+        assert all(self.priority[i] > 0 for i in ids.tolist())
+        want = [self.priority[i] ** ALPHA / total for i in ids.tolist()]
+        np.testing.assert_allclose(np.asarray(info.probabilities), want, rtol=1e-5)
+
+
+MACHINE = settings(
+    max_examples=30,
+    stateful_step_count=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@MACHINE
+class PySumTreeModel(SumTreeModel):
+    KIND = "py"
+
+
+@MACHINE
+class TFSumTreeModel(SumTreeModel):
+    KIND = "tf"
+
+
+TestPySumTree = pytest.mark.slow(PySumTreeModel.TestCase)
+TestTFSumTree = pytest.mark.slow(TFSumTreeModel.TestCase)
+
+
+# --- the two twins' trees: same targets, same rows --------------------------------------------
+
+
+@needs_native
+def test_both_twins_and_both_paths_descend_and_update_alike():
+    """The same sets and targets on a NumPy array and a TF variable, native and array ops: bit-identical trees
+    and the same rows (only the twins' random streams differ, so their samples agree in distribution)."""
+    rng = np.random.default_rng(3)
+    rows = [rng.integers(0, 37, 20) for _ in range(6)]  # duplicates within a set included
+    values = [rng.uniform(0, 5, 20) ** 0.6 for _ in range(6)]
+    got = {}
+    for name, ops, use_native in [
+        ("np", NUMPY_OPS, True),
+        ("np-ops", NUMPY_OPS, False),
+        ("tf", TF_OPS, True),
+        ("tf-ops", TF_OPS, False),
+    ]:
+        is_tf = ops is TF_OPS
+
+        def make(_, shape, dtype, is_tf=is_tf):
+            return tf.Variable(tf.zeros(shape, dtype)) if is_tf else np.zeros(shape, dtype.as_numpy_dtype)
+
+        tree = SumTree(make, 37, use_native)
+        for r, v in zip(rows, values):
+            tree.set(ops, ops.to_int64(r), ops.to_float64(v))
+        array = np.asarray(tree.array)
+        leaves = array[64:]
+        # Stratified targets, plus every leaf's exact left edge (where rounding order would show).
+        edges = np.concatenate([[0.0], np.cumsum(leaves)[:-1]])
+        targets = np.concatenate([np.linspace(0, array[1], 300, endpoint=False), edges])
+        found, mass = tree.descend(ops, ops.to_float64(targets))
+        got[name] = (array, np.asarray(found), np.asarray(mass))
+    for name in ("np-ops", "tf", "tf-ops"):
+        for a, b in zip(got["np"], got[name]):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_the_sum_tree_kernels_fall_back_when_they_cannot_be_built(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
+    assert native.build("sum_tree.cc", [], "the sum-tree library", "using NumPy ops instead") is None
+    assert "building the sum-tree library failed; using NumPy ops instead" in caplog.text
+    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
+    assert native.build("sum_tree_ops.cc", [], "the sum-tree kernel", "using TF ops instead") is None
+    assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later

@@ -29,7 +29,7 @@ class RecentSampler:
     def bind(self, make, num_rows):
         return self
 
-    def on_write(self, ops, rows):
+    def on_write(self, ops, rows, startable):
         return []
 
     def update(self, view, ids, priorities):

@@ -19,10 +19,13 @@ from scipy import stats
 from tfreplay import (
     NStepReturns,
     PyFrameReplayBuffer,
+    PyPrioritizedFrameReplayBuffer,
     PyPrioritizedReplayBuffer,
     PyUniformReplayBuffer,
     Sequences,
     TFFrameReplayBuffer,
+    TFPrioritizedFrameReplayBuffer,
+    TFPrioritizedReplayBuffer,
     TFUniformReplayBuffer,
     frame_data_spec,
     sequence_priorities,
@@ -469,9 +472,46 @@ def test_nothing_to_draw_is_a_clear_error(kind):
     assert np.asarray(rb.get_next(2, transform=NStepReturns(2, 0.9))[0].reward).shape == (2,)
 
 
-def test_prioritized_replay_refuses_windows_it_cannot_draw():
+def test_prioritized_replay_refuses_strict_episode_windows():
     rb = PyPrioritizedReplayBuffer(SPEC, batch_size=1, max_length=8, seed=0)
-    with pytest.raises(ValueError, match=r"needs padded windows, which PrioritizedSampler does not draw"):
-        rb.get_next(2, transform=NStepReturns(3, 0.9))
     with pytest.raises(ValueError, match=r"needs episode-aware windows, which PrioritizedSampler does not draw"):
         rb.get_next(2, transform=Sequences(3))
+
+
+@pytest.mark.parametrize("kind", ["tf-rows", "py-rows", "tf-frames", "py-frames"])
+def test_prioritized_padded_windows_are_drawn_in_proportion_to_priority(kind):
+    # Any seed: each start's count is binomial; the chi-square p-value is below 1e-6 with probability 1e-6.
+    rng = np.random.default_rng()
+    seed = int(rng.integers(2**31))
+    twin, storage = kind.split("-")
+    if storage == "rows":
+        streams = [episode_stream(rng, 30, max_episode=5) for _ in range(2)]
+        cls = TFPrioritizedReplayBuffer if twin == "tf" else PyPrioritizedReplayBuffer
+        rb = cls(SPEC, batch_size=2, max_length=14, alpha=1.0, seed=seed)
+        for t in range(30):
+            rb.add_batch(transition_batch(streams, t))
+        model, transform = Model(streams, 14), NStepReturns(3, GAMMA)
+    else:
+        streams = [make_stream(rng, s, 30) for s in range(2)]
+        cls = TFPrioritizedFrameReplayBuffer if twin == "tf" else PyPrioritizedFrameReplayBuffer
+        rb = cls(frame_data_spec(FRAME), batch_size=2, max_length=14, history_len=2, alpha=1.0, seed=seed)
+        for i in range(30):
+            rb.add_batch(row(streams, i))
+        model, transform = Model(streams, 14, frames=Reference(streams, 14, 2)), Sequences(3, pad=True)
+    live = np.array([t * 2 + s for s in range(2) for t in range(model.oldest, model.newest + 1)])
+    priority = dict(zip(live.tolist(), rng.uniform(0.2, 2.0, size=len(live)) * (rng.random(len(live)) > 0.2)))
+    rb.update_priorities(live, np.array([priority[i] for i in live.tolist()]))
+    starts = sorted(i for i in model.starts(3, padded=True) if priority[i] > 0)
+    assert len(starts) >= 5
+    total = sum(priority[i] for i in starts)
+    ids, probs = [], []
+    for _ in range(5):
+        _, drawn, p = draw(rb, "eager", 2000, transform)
+        ids.append(drawn)
+        probs.append(p)
+    ids, probs = np.concatenate(ids), np.concatenate(probs)
+    np.testing.assert_allclose(probs, [priority[i] / total for i in ids.tolist()], rtol=1e-5)
+    counts = np.array([np.sum(ids == s) for s in starts])
+    assert counts.sum() == len(ids), "a start outside the drawable set, or of priority 0, was drawn"
+    expected = np.array([priority[i] / total for i in starts]) * len(ids)
+    assert stats.chisquare(counts, expected).pvalue > 1e-6, seed

@@ -5,9 +5,11 @@ The public API; everything else is an implementation detail.
 
 from tfreplay.buffers import (
     PyFrameReplayBuffer,
+    PyPrioritizedFrameReplayBuffer,
     PyPrioritizedReplayBuffer,
     PyUniformReplayBuffer,
     TFFrameReplayBuffer,
+    TFPrioritizedFrameReplayBuffer,
     TFPrioritizedReplayBuffer,
     TFUniformReplayBuffer,
     importance_weights,
@@ -41,6 +43,7 @@ __all__ = [
     "NStepReturns",
     "PrioritizedSampler",
     "PyFrameReplayBuffer",
+    "PyPrioritizedFrameReplayBuffer",
     "PyPrioritizedReplayBuffer",
     "PyUniformReplayBuffer",
     "RateLimitTimeoutError",
@@ -50,6 +53,7 @@ __all__ = [
     "SampleToInsertRatio",
     "Sequences",
     "TFFrameReplayBuffer",
+    "TFPrioritizedFrameReplayBuffer",
     "TFPrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
     "Transform",

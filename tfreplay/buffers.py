@@ -8,6 +8,8 @@
 | `PyFrameReplayBuffer` | NumPy arrays | frames (each once) | uniform over valid transitions |
 | `TFPrioritizedReplayBuffer` | `tf.Variable`s | rows | proportional prioritized (sum tree) |
 | `PyPrioritizedReplayBuffer` | NumPy arrays | rows | proportional prioritized (sum tree) |
+| `TFPrioritizedFrameReplayBuffer` | `tf.Variable`s | frames (each once) | prioritized over valid transitions |
+| `PyPrioritizedFrameReplayBuffer` | NumPy arrays | frames (each once) | prioritized over valid transitions |
 
 A new kind of buffer is a new sampler (`core/samplers/`) or storage
 (`core/storage.py`) passed here, e.g.
@@ -292,8 +294,9 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
         self._append_sequence("add_sequence", items, segment)
 
 
-class _Prioritized:
-    """`update_priorities` and the importance weights of prioritized buffers."""
+class Prioritized:
+    """`update_priorities` for a buffer assembled with a prioritized sampler, e.g.
+    `class MyBuffer(Prioritized, TFBuffer)` with `PrioritizedSampler()` and any storage."""
 
     _update_priorities: Any
 
@@ -323,16 +326,20 @@ def importance_weights(probabilities: Any, num_items: Any, beta: Any) -> Any:
     return weights / tf.reduce_max(weights)
 
 
-class TFPrioritizedReplayBuffer(_Prioritized, TFBuffer):
+class TFPrioritizedReplayBuffer(Prioritized, TFBuffer):
     """Proportional prioritized replay in `tf.Variable`s: the API of `TFUniformReplayBuffer` plus priorities.
 
     A window is drawn with probability `priority ** alpha / sum` of its first
     item (`BufferInfo.probabilities` holds it exactly), from a sum tree kept in
-    a variable, so the sample and the update are one vectorised pass each.
+    a variable, so the sample and the update are one vectorised pass each (in
+    compiled code on the CPU, see `tfreplay.native`).
 
     Args:
       data_spec, batch_size, max_length, scope, device, seed, rate_limiter: as `TFUniformReplayBuffer`.
       alpha: how much priorities count (0: uniform over stored items).
+      within_episodes: items must carry episode boundaries; prioritized
+        windows inside episodes are single items (`num_steps` None or 1).
+      episode_rule: which fields mark boundaries (default: detected from the spec).
     """
 
     def __init__(
@@ -346,16 +353,17 @@ class TFPrioritizedReplayBuffer(_Prioritized, TFBuffer):
         seed: int | list[int] | None = None,
         stateful_dataset: bool = False,
         *,
+        within_episodes: bool = False,
+        episode_rule: EpisodeRule | str | None = "auto",
         rate_limiter: RateLimiter | None = None,
     ):
-        sampler = PrioritizedSampler(alpha)
         super().__init__(
             data_spec,
             batch_size,
             max_length,
             rows_storage,
-            sampler,
-            "auto",
+            PrioritizedSampler(alpha, within_episodes),
+            episode_rule,
             scope=scope,
             device=device,
             seed=seed,
@@ -364,7 +372,7 @@ class TFPrioritizedReplayBuffer(_Prioritized, TFBuffer):
         )
 
 
-class PyPrioritizedReplayBuffer(_Prioritized, PyBuffer):
+class PyPrioritizedReplayBuffer(Prioritized, PyBuffer):
     """The NumPy twin of `TFPrioritizedReplayBuffer`.
 
     Built as `(data_spec, capacity)` (one ring) or `(data_spec, batch_size=B, max_length=L)`, like
@@ -381,17 +389,107 @@ class PyPrioritizedReplayBuffer(_Prioritized, PyBuffer):
         alpha: float = 0.6,
         seed: int | None = None,
         name: str = "PyPrioritizedReplayBuffer",
+        within_episodes: bool = False,
+        episode_rule: EpisodeRule | str | None = "auto",
         rate_limiter: RateLimiter | None = None,
     ):
         super().__init__(
             data_spec,
             rows_storage,
-            PrioritizedSampler(alpha),
-            "auto",
+            PrioritizedSampler(alpha, within_episodes),
+            episode_rule,
             capacity=capacity,
             batch_size=batch_size,
             max_length=max_length,
             seed=seed,
             rate_limiter=rate_limiter,
             name=name,
+        )
+
+
+PRIORITIZED_FRAMES_DOC = """
+    Prioritized: a transition is drawn with probability `priority ** alpha /
+    sum` over the transitions that can be drawn now (`BufferInfo.probabilities`
+    holds it exactly); an episode's first frame is never drawn (it ends no
+    transition) and keeps priority 0. Transitions only (`num_steps` None or 1):
+    windows of several steps inside one episode cannot keep exact
+    probabilities. `update_priorities` takes the sampled `BufferInfo.ids`.
+"""
+
+
+class TFPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, TFBuffer):
+    __doc__ = (
+        FRAMES_DOC
+        + PRIORITIZED_FRAMES_DOC
+        + """
+    Args:
+      data_spec, batch_size, max_length, history_len, scope, device, seed, rate_limiter: as `TFFrameReplayBuffer`.
+      alpha: how much priorities count (0: uniform over transitions).
+    """
+    )
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        batch_size: int,
+        max_length: int = 1000,
+        history_len: int = 4,
+        alpha: float = 0.6,
+        scope: str = "TFPrioritizedFrameReplayBuffer",
+        device: str = "cpu:*",
+        seed: int | None = None,
+        stateful_dataset: bool = False,
+        *,
+        rate_limiter: RateLimiter | None = None,
+    ):
+        super().__init__(
+            data_spec,
+            batch_size,
+            max_length,
+            functools.partial(frame_storage, history_len=history_len),
+            PrioritizedSampler(alpha),
+            EpisodeRule(start="first"),
+            scope=scope,
+            device=device,
+            seed=seed,
+            rate_limiter=rate_limiter,
+            stateful_dataset=stateful_dataset,
+        )
+
+
+class PyPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, PyBuffer):
+    __doc__ = (
+        FRAMES_DOC
+        + PRIORITIZED_FRAMES_DOC
+        + """
+    The NumPy twin of `TFPrioritizedFrameReplayBuffer`, built like `PyFrameReplayBuffer`.
+    """
+    )
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        capacity: int | None = None,
+        *,
+        batch_size: int | None = None,
+        max_length: int | None = None,
+        history_len: int = 4,
+        alpha: float = 0.6,
+        seed: int | None = None,
+        stateful_dataset: bool = False,
+        name: str = "PyPrioritizedFrameReplayBuffer",
+        rate_limiter: RateLimiter | None = None,
+    ):
+        super().__init__(
+            data_spec,
+            functools.partial(frame_storage, history_len=history_len),
+            PrioritizedSampler(alpha),
+            EpisodeRule(start="first"),
+            capacity=capacity,
+            batch_size=batch_size,
+            max_length=max_length,
+            seed=seed,
+            name=name,
+            rate_limiter=rate_limiter,
+            stateful_dataset=stateful_dataset,
         )

@@ -1,18 +1,27 @@
-"""The frame-stacking kernel (`kernels/frame_stack.cc`), compiled on first use.
+"""Native kernels (`kernels/*.cc`), compiled on first use with the system's C++ compiler.
 
-`TFFrameReplayBuffer` samples about 20% faster with it (see the README's
-frame benchmark): it reads each frame once and writes the stacks in one pass,
-where XLA needs a slow per-element gather and a second pass. It is built with
-the system's C++ compiler against the installed TensorFlow's headers, once per
-TensorFlow version, into `$TFREPLAY_CACHE` (default `~/.cache/tfreplay`).
+* `frame_stack()`: the frame-stacking TF op. `TFFrameReplayBuffer` samples
+  about 20% faster with it (see the README's frame benchmark): it reads each
+  frame once and writes the stacks in one pass, where XLA needs a slow
+  per-element gather and a second pass.
+* `sum_tree_ops()`: the sum tree's descent and update as TF ops on the tree's
+  variable; `sum_tree_library()`: the same loops as plain C functions, for
+  NumPy through ctypes. Prioritized replay spends its time in these two loops
+  (`core/samplers/sum_tree.py`).
 
-Without a compiler, or with `TFREPLAY_NATIVE=0`, or if the build fails (the
-reason is logged once), `frame_stack()` is None and the buffer compiles the
-same stacking with XLA instead: same samples, slower.
+A TF kernel is built against the installed TensorFlow's headers, once per
+TensorFlow version; the plain library needs no TensorFlow. Both go into
+`$TFREPLAY_CACHE` (default `~/.cache/tfreplay`), keyed by their sources, the
+compiler, its flags and this CPU.
+
+Without a compiler, or with `TFREPLAY_NATIVE=0`, or if a build fails (the
+reason is logged once), each accessor returns None and its caller uses the
+same computation in array ops instead: same results, slower.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -22,11 +31,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
 
-_SOURCE = pathlib.Path(__file__).with_name("kernels") / "frame_stack.cc"
+_KERNELS = pathlib.Path(__file__).with_name("kernels")
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
 _log = logging.getLogger(__name__)
@@ -35,42 +44,106 @@ _log = logging.getLogger(__name__)
 @tf.autograph.experimental.do_not_convert  # called while tracing: AutoGraph must not try to convert the loader
 def frame_stack() -> Any:
     """The op `frame_stack(frames_handle, rows, T, history_len, time_axis)`, or None."""
+    return _once("frame_stack", _load)
+
+
+@tf.autograph.experimental.do_not_convert
+def sum_tree_ops() -> Any:
+    """The module of the sum-tree ops (`kernels/sum_tree_ops.cc`: descend, set, ring draw, ring update), or None."""
+    return _once("sum_tree_ops", lambda: _op_library("sum_tree_ops.cc", "the sum-tree kernel", "using TF ops instead"))
+
+
+def sum_tree_library() -> Any:
+    """The same functions for NumPy arrays (ctypes, `kernels/sum_tree.cc`), or None."""
+    return _once("sum_tree", _sum_tree_library)
+
+
+def _once(name: str, load: Callable[[], Any]) -> Any:
+    """Loads a kernel once per process (a None is remembered too)."""
     with _lock:
-        if "op" not in _loaded:
-            _loaded["op"] = _load()
-        return _loaded["op"]
+        if name not in _loaded:
+            _loaded[name] = load()
+        return _loaded[name]
 
 
 def _load() -> Any:
+    """The frame-stacking op, built now if needed, or None."""
+    module = _op_library("frame_stack.cc", "the frame-stacking kernel", "using XLA instead")
+    return None if module is None else module.tfreplay_frame_stack
+
+
+def _op_library(source: str, what: str, fallback: str) -> Any:
+    flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    library = build(source, flags, what, fallback)
+    if library is None:
+        return None
+    try:
+        return tf.load_op_library(str(library))
+    except tf.errors.NotFoundError as err:
+        _log.warning("tfreplay: loading %s failed; %s.\n%s", what, fallback, str(err)[-2000:])
+        return None
+
+
+def _sum_tree_library() -> Any:
+    what, fallback = "the sum-tree library", "using NumPy ops instead"
+    library = build("sum_tree.cc", [], what, fallback)
+    if library is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(library))
+    except OSError as err:
+        _log.warning("tfreplay: loading %s failed; %s.\n%s", what, fallback, err)
+        return None
+    # Arrays go as raw addresses (`array.ctypes.data`): callers pass contiguous arrays of the right dtype.
+    a, n, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_bool  # address, size
+    signatures: dict[str, list[Any]] = {
+        "tfreplay_sum_tree_descend": [a, n, a, n, a, a],
+        "tfreplay_sum_tree_set": [a, n, a, a, n],
+        "tfreplay_ring_draw": [a, n, a, n, n, n, a, n, flag, a, a, a, a],
+        "tfreplay_ring_update": [a, n, a, n, n, a, a, a, n, a],
+    }
+    for name, argtypes in signatures.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
+    return lib
+
+
+def build(source: str, extra_flags: list[str], what: str, fallback: str) -> pathlib.Path | None:
+    """Compiles `kernels/<source>` (and the headers beside it) into a cached shared library, or returns None.
+
+    The cache key covers the sources, compiler, flags, TensorFlow version and
+    CPU (the code is built with -march=native). Built aside, then moved: other
+    processes never see half a library.
+    """
     if os.environ.get("TFREPLAY_NATIVE", "1") == "0":
         return None
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
-        _log.info("tfreplay: no C++ compiler; frame stacks are compiled with XLA instead.")
+        _log.info("tfreplay: no C++ compiler for %s; %s.", what, fallback)
         return None
-    # Built for this CPU (-march=native), so the CPU is part of the cache key too.
-    flags = ["-shared", "-fPIC", "-O3", "-march=native", "-w", *tf.sysconfig.get_compile_flags()]
-    flags += tf.sysconfig.get_link_flags()
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, tf.__version__, _cpu(), *flags]).encode()).hexdigest()[:16]
+    # No floating-point contraction: sums must round exactly as the array-op fallback rounds them.
+    flags = ["-shared", "-fPIC", "-O3", "-march=native", "-ffp-contract=off", "-w", *extra_flags]
+    path = _KERNELS / source
+    text = path.read_bytes() + b"".join(h.read_bytes() for h in sorted(_KERNELS.glob("*.h")))
+    key = hashlib.sha256(text + " ".join([compiler, tf.__version__, _cpu(), *flags]).encode()).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TFREPLAY_CACHE", pathlib.Path.home() / ".cache" / "tfreplay"))
-    library = cache / f"frame_stack-{key}.so"
+    library = cache / f"{path.stem}-{key}.so"
     try:
         if not library.exists():
             cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:  # build aside, then move: atomic for other processes
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 built = pathlib.Path(tmp) / library.name
-                command = [compiler, str(_SOURCE), "-o", str(built), *flags]
+                command = [compiler, str(path), "-o", str(built), *flags]
                 try:
                     subprocess.run(command, check=True, capture_output=True, text=True)
                 except subprocess.CalledProcessError:  # a compiler without -march=native: build generic code
                     command.remove("-march=native")
                     subprocess.run(command, check=True, capture_output=True, text=True)
                 os.replace(built, library)
-        return tf.load_op_library(str(library)).tfreplay_frame_stack
-    except (OSError, subprocess.CalledProcessError, tf.errors.NotFoundError) as err:
+        return library
+    except (OSError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", "") or str(err)
-        _log.warning("tfreplay: building the frame-stacking kernel failed; using XLA instead.\n%s", detail[-2000:])
+        _log.warning("tfreplay: building %s failed; %s.\n%s", what, fallback, detail[-2000:])
         return None
 
 

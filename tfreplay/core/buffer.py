@@ -299,7 +299,10 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 pos, bins, weights = reads[1:]
                 updates.append(ops.scatter(self._pos, rows, ops.to_int32(ops.reshape(pos, [-1]))))
                 updates.append(ops.bin_add(self._pos_counts, bins[0], bins[1], weights))
-            return updates + self._sampler.on_write(ops, rows)
+            # Rows that can never start a window (a frame buffer's first frames), for samplers that weigh rows.
+            lead = self._storage.window.lead
+            startable = ops.reshape(reads[1], [-1]) >= lead if self._rule is not None and lead else None
+            return updates + self._sampler.on_write(ops, rows, startable)
 
         updates = ops.after(reads, writes)
         if segments is None:

@@ -272,11 +272,9 @@ class TFBuffer(ComposedBuffer):
         priorities = tf.convert_to_tensor(priorities, tf.float64)
         if tf.executing_eagerly():
             check_priorities(ids.shape, priorities.shape, priorities.numpy())
-            fn = self._eager.get(  # one concrete function per shape: each is traced for its shape
-                f"update/{ids.shape}",
-                self._update,
-                tf.TensorSpec(ids.shape, tf.int64),
-                tf.TensorSpec(ids.shape, tf.float64),
+            shape = [None] * ids.shape.rank  # one trace for any number of ids
+            fn = self._eager.get(
+                f"update/{len(shape)}", self._update, tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape, tf.float64)
             )
             return fn(ids, priorities)
         check_priorities(ids.shape, priorities.shape, None)

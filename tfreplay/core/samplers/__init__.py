@@ -5,7 +5,9 @@ index, the random source) and returns window starts. Its interface:
 
 * `bind(make, num_rows)`: create its state (variables or arrays) through the
   twin's `make(name, shape, dtype)`, so checkpoints include it; returns the sampler.
-* `on_write(ops, rows)`: the storage rows just written (update ops, or `[]`).
+* `on_write(ops, rows, startable)`: the storage rows just written (returns
+  update ops, or `[]`); `startable` says per row whether it can ever start a
+  window (False: a frame buffer's first frames), or is None (all can).
 * `sample(view, size, num_steps)`: `(segment, t, probabilities, count)`:
   `size` windows starting at local id `t` of `segment`, each one's
   probability, and how many windows could be drawn (0: none).

@@ -1,13 +1,33 @@
 """Proportional prioritized sampling (Schaul et al. 2016) from a sum tree.
 
 Each storage row has a priority `p`; a window is drawn with probability
-`p^alpha / sum`, where `p` is the priority of its first item. The sum tree
-keeps `p^alpha` in its leaves (one per row, `size` a power of two) and the
-sum of two children in each inner node, so a draw descends `log2(size)`
-levels and an update climbs them: both vectorised over the whole batch.
+`p^alpha / sum`, where `p` is the priority of its first item and the sum runs
+over the windows that can be drawn now. The sum tree (`sum_tree.py`) keeps
+`p^alpha` in its leaves, one per row, so a draw descends `log2(rows)` levels
+and an update climbs them, both vectorised over the whole batch.
+
+Which rows cannot start a window:
+
+* rows that never can (a frame buffer's first frames: a transition needs the
+  frame before it) get leaf 0 when written and keep it;
+* a bounded set that moves with the ring (`excluded_mass`): the newest
+  `num_steps - 1` items of each segment (a window would cross the write
+  head) and, with frames, the oldest `history_len` of each segment whose
+  stack would show an overwritten frame. Their mass is subtracted from the
+  sum, and a draw that lands on one is drawn again, so each window's chance is
+  exactly its share of the drawable mass.
+
+Padded windows (a transform's, e.g. `NStepReturns`, that may run past an
+episode's end) start at any item drawable alone except each segment's newest
+`episodes.young_starts`: the same bounded set, so they stay exact. Strict
+windows of `num_steps > 1` that must stay inside one episode (frames, or
+`within_episodes=True`) are refused: every episode's last steps would be an
+unbounded set of exceptions, and the probabilities would no longer be exact.
 
 New items enter at the largest priority given so far (1 before any update).
-A priority of 0 is never drawn until raised. Ids name an item, not a row: an
+A priority of 0 is never drawn until raised; when the drawable mass is 0 (or
+below 1e-12 of the tree's sum, where the subtraction's rounding could hide
+it) the buffer counts as empty. Ids name an item, not a row: an
 update for an item since overwritten is ignored (and counted).
 """
 
@@ -18,11 +38,14 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay.core import ring
+from tfreplay.core import episodes, ring
 from tfreplay.core.samplers import View
+from tfreplay.core.samplers.sum_tree import SumTree
 
-# Rounds of redraws for the rare draw that lands on a row that cannot start a window.
+# Rounds of redraws for draws that land on a row that cannot start a window; the rest come from an exact scan.
 _ROUNDS = 16
+# The drawable mass counts as none below this share of the tree's sum: subtracting the excluded mass rounds.
+_EMPTY_SHARE = 1e-12
 
 
 class PrioritizedSampler:
@@ -30,98 +53,191 @@ class PrioritizedSampler:
 
     Args:
       alpha: how much priorities count (0: uniform over written rows).
+      within_episodes: windows never cross an episode boundary (then only
+        single items, `num_steps` None or 1, can be drawn exactly).
+      use_native: run the sum tree's loops in compiled code where available
+        (`tfreplay.native`); off, the same draws come from array ops.
     """
 
-    within_episodes = False
+    padded_windows = True
 
-    def __init__(self, alpha: float = 0.6):
+    def __init__(self, alpha: float = 0.6, within_episodes: bool = False, use_native: bool = True):
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha or math.isnan(alpha):
             raise ValueError(f"PrioritizedSampler: alpha ({alpha!r}) must be a non-negative number.")
         self.alpha = float(alpha)
+        self.within_episodes = bool(within_episodes)
+        self.use_native = bool(use_native)
 
     def bind(self, make: Callable, num_rows: int) -> PrioritizedSampler:
-        self.leaves = 1 << max(num_rows - 1, 0).bit_length()
-        self.depth = self.leaves.bit_length() - 1
-        self.tree = make("sampler/sum_tree", [2 * self.leaves], tf.float64)
+        self.tree = SumTree(make, num_rows, self.use_native)
         self.max_priority = make("sampler/max_priority", [], tf.float64)
         return self
 
-    def _set(self, ops: Any, rows: Any, values: Any) -> list:
-        """Writes leaves, then each level's sums, bottom up (each level after the one below)."""
-        node = rows + self.leaves
-        updates = [ops.scatter(self.tree, node, values)]
-        for _ in range(self.depth):
-            node = node // 2
-
-            def climb(node: Any = node) -> Any:
-                sums = ops.gather(self.tree, 2 * node) + ops.gather(self.tree, 2 * node + 1)
-                return ops.scatter(self.tree, node, sums)
-
-            updates = [ops.after(updates, climb)]
-        return updates
-
-    def on_write(self, ops: Any, rows: Any) -> list:
+    def on_write(self, ops: Any, rows: Any, startable: Any = None) -> list:
         start = ops.maximum(ops.read(self.max_priority), 1.0) if self.alpha else 1.0
         value = ops.zeros_like(ops.to_float64(rows)) + start**self.alpha
-        return self._set(ops, rows, value)
+        if startable is not None:  # rows that can never start a window are never drawn
+            value = ops.where(startable, value, ops.zeros_like(value))
+        return self.tree.set(ops, rows, value)
 
     def clear(self, ops: Any) -> list:
-        zeros = ops.zeros_like(ops.read(self.tree))
-        return [ops.assign(self.tree, zeros), ops.assign(self.max_priority, zeros[0])]
+        return self.tree.clear(ops) + [ops.assign(self.max_priority, ops.zeros_like(ops.read(self.max_priority)))]
 
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
         """Sets the priorities of live items; returns the updates and how many ids were stale."""
         ops, length, segments = view.ops, view.max_length, view.num_segments
+        if view.window is None:  # ring windows: one native call, where built
+            fused = self.tree.ring_update(ops, view.num_adds, ids, priorities**self.alpha, priorities, length)
+            if fused is not None:
+                updates, stale, largest = fused
+                raised = ops.after(updates, lambda: self._raise(ops, largest))
+                return [raised], stale
         segment, local = ids % segments, ids // segments
         adds = ops.gather(view.num_adds, segment)
         live = (local >= adds - ops.minimum(adds, length)) & (local < adds)
         rows = ring.local_to_rows(local, segment, length, segments)[0]
-        current = ops.gather(self.tree, rows + self.leaves)
-        values = ops.where(live, priorities**self.alpha, current)
-        largest = ops.max(ops.where(live, priorities, ops.zeros_like(priorities)))
-        raised = ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
+        allowed = live
+        if view.window is not None and view.window.lead:  # a row that can never start a window keeps leaf 0
+            assert view.pos_at is not None  # a window goes with the episode index
+            allowed = live & (view.pos_at(rows) >= view.window.lead)
+        values = ops.where(allowed, priorities**self.alpha, self.tree.leaf(ops, rows))
+        largest = ops.max(ops.where(allowed, priorities, ops.zeros_like(priorities)))
+        raised = self._raise(ops, largest)
         stale = ops.sum(ops.to_int64(~live))
-        return self._set(ops, rows, values) + [raised], stale
+
+        # A stale id may share its row with a live one; it rewrites the row's value, so it goes first: of
+        # duplicate rows the last write wins, and the last live id's priority is the one kept.
+        def stale_first() -> tuple[Any, Any]:
+            order = ops.argsort_stable(ops.to_int32(live))
+            return ops.gather(rows, order), ops.gather(values, order)
+
+        rows, values = ops.cond(stale > 0, stale_first, lambda: (rows, values))
+        return self.tree.set(ops, rows, values) + [raised], stale
+
+    def _raise(self, ops: Any, largest: Any) -> Any:
+        """New items enter at the largest priority given so far."""
+        return ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         ops, n = view.ops, num_steps or 1
-        min_id, num_live = ring.live_range(view.num_adds, view.max_length, ops)
-        # The newest n - 1 items of a segment cannot start a window: their mass is left out of `total`.
-        young = view.num_adds[:, None] - 1 - ops.arange(n - 1)[None, :]
-        segments = ops.arange(view.num_segments)[:, None]
-        young_rows = ring.local_to_rows(young, segments, view.max_length, view.num_segments)[0]
-        young_mass = ops.where(young >= min_id[:, None], ops.gather(self.tree, young_rows + self.leaves), 0.0)
-        mass = ops.gather(self.tree, 1)
-        total = mass - ops.sum(young_mass)
-        # Stratified over all the mass; a draw that lands on a row that cannot start a window is drawn again,
-        # so each window's chance is its priority over `total`.
-        u = (ops.to_float64(ops.arange(size)) + view.uniform([size])) / size * mass
-        segment, t, ok = self._descend(view, u, n, min_id)
+        if view.window is not None and n > 1 and not view.padded:
+            raise ValueError(
+                f"PrioritizedSampler: num_steps ({n}) must be None or 1 when windows stay inside episodes "
+                "(frame buffers, within_episodes=True): the probability of such a window cannot be kept exact. "
+                "Draw single items, or windows that may run past an episode's end (padded windows, with a mask)."
+            )
+        mass = self.tree.total(ops)
+        total = mass - excluded_mass(view, self.tree, n)
+        count = ops.to_int64(total > mass * _EMPTY_SHARE)
+        # Stratified over all the mass; draws that land on a row that cannot start a window are drawn again.
+        segment, t, leaf, ok = self._draw(view, view.uniform([size]), mass, n, stratified=True)
 
-        def round_(found: Any, segment: Any, t: Any) -> tuple[Any, Any, Any]:
-            seg, start, good = self._descend(view, view.uniform([size]) * mass, n, min_id)
+        def round_(found: Any, segment: Any, t: Any, leaf: Any) -> tuple:
+            seg, start, value, good = self._draw(view, view.uniform([size]), mass, n, stratified=False)
             take = good & ~found
-            return found | good, ops.where(take, seg, segment), ops.where(take, start, t)
+            return found | good, ops.where(take, seg, segment), ops.where(take, start, t), ops.where(take, value, leaf)
 
-        _, segment, t = ops.loop(lambda found, *_: ~ops.all(found), round_, (ok, segment, t), _ROUNDS)
-        rows = ring.local_to_rows(t, segment, view.max_length, view.num_segments)[0]
-        probs = ops.to_float32(ops.gather(self.tree, rows + self.leaves) / ops.maximum(total, 1e-300))
-        count = ops.to_int64(total > 0)
+        def redraw() -> tuple[Any, Any, Any]:  # rare: one graph branch, so a sample that hit pays nothing for it
+            found, seg, start, value = ops.loop(
+                lambda found, *_: ~ops.all(found), round_, (ok, segment, t, leaf), _ROUNDS
+            )
+
+            def exact() -> tuple[Any, Any, Any]:
+                s, st, v = self._scan(view, size, n)
+                return ops.where(found, seg, s), ops.where(found, start, st), ops.where(found, value, v)
+
+            return ops.cond(ops.all(found) | (count <= 0), lambda: (seg, start, value), exact)
+
+        segment, t, leaf = ops.cond(ops.all(ok), lambda: (segment, t, leaf), redraw)
+        probs = ops.to_float32(leaf / ops.where(count > 0, total, ops.ones_like(total)))
         return segment, t, probs, count
 
-    def _descend(self, view: View, u: Any, n: int, min_id: Any) -> tuple[Any, Any, Any]:
-        """Leaves holding mass `u`; their `(segment, local id, whether they start a valid window)`."""
+    def _draw(self, view: View, uniform: Any, mass: Any, n: int, stratified: bool) -> tuple[Any, Any, Any, Any]:
+        """Leaves at masses `(i + uniform_i) / size * mass` (stratified) or `uniform_i * mass`:
+        `(segment, local id, leaf value, whether a window starts there)`; ring windows in one native call."""
         ops = view.ops
-        node = ops.ones_like(ops.to_int64(u))
-        for _ in range(self.depth):
-            left = ops.gather(self.tree, 2 * node)
-            right = u >= left
-            u = u - ops.where(right, left, ops.zeros_like(left))
-            node = 2 * node + ops.to_int64(right)
-        row = ops.minimum(node - self.leaves, view.max_length * view.num_segments - 1)
-        segment, slot = row % view.num_segments, row // view.num_segments
+        if view.window is None:
+            drawn = self.tree.ring_draw(ops, view.num_adds, uniform, view.max_length, n, stratified)
+            if drawn is not None:
+                return drawn
+        size = uniform.shape[0]
+        u = (ops.to_float64(ops.arange(size)) + uniform) / size * mass if stratified else uniform * mass
+        rows, leaf = self.tree.descend(ops, u)
+        rows = ops.minimum(rows, view.max_length * view.num_segments - 1)  # past the rows: leaf 0, not drawn
+        segment, slot = rows % view.num_segments, rows // view.num_segments
         newest = ops.gather(view.num_adds, segment) - 1
         t = newest - (newest - slot) % view.max_length  # the live id stored in that slot
-        mass = ops.gather(self.tree, node)
-        ok = (t >= ops.gather(min_id, segment)) & (t + n - 1 <= newest) & (mass > 0)
-        return segment, t, ok
+        return segment, t, leaf, startable(view, segment, t, n) & (leaf > 0)
+
+    def _scan(self, view: View, size: int, n: int) -> tuple[Any, Any, Any]:
+        """Exact draws over every row (the rare samples that kept missing): `(segment, t, leaf value)`."""
+        ops = view.ops
+        k = ops.arange(view.max_length)[None, :]
+        segments = ops.arange(view.num_segments)[:, None] + ops.zeros_like(k)
+        t = ops.reshape(view.num_adds, [-1, 1]) - 1 - k  # every slot's newest id, newest first
+        rows = ring.local_to_rows(t, segments, view.max_length, view.num_segments)[0]
+        leaf = self.tree.leaf(ops, rows)
+        weight = ops.reshape(ops.where(startable(view, segments, t, n), leaf, ops.zeros_like(leaf)), [-1])
+        running = ops.cumsum(weight)
+        pick = ops.searchsorted(running, view.uniform([size]) * running[-1])
+        pick = ops.minimum(pick, view.num_segments * view.max_length - 1)
+        seg, t = pick // view.max_length, ops.gather(ops.reshape(t, [-1]), pick)
+        return seg, t, ops.gather(weight, pick)
+
+
+def young(view: View, n: int) -> Any:
+    """Per segment, how many of its newest items cannot start a window of `n` (the write head, or for
+    padded windows an unfinished episode)."""
+    window = view.window if view.padded else None
+    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.pos_at, view.ended, view.ops)
+
+
+def startable(view: View, segment: Any, t: Any, n: int) -> Any:
+    """Whether a window of `n` items can start at local id `t` of `segment` now.
+
+    It must lie inside the live range, short of the segment's `young` newest
+    items and, when windows go through the episode index, pass the window
+    shape's rule (for a padded window, the rule of its first item alone).
+    """
+    ops = view.ops
+    adds = ops.gather(view.num_adds, segment)
+    min_id = adds - ops.minimum(adds, view.max_length)
+    ok = (t >= min_id) & (t < adds - ops.gather(young(view, n), segment))
+    if view.window is None:
+        return ok
+    assert view.pos_at is not None  # a window goes with the episode index
+    m = 1 if view.padded else n
+    end = ops.maximum(t + (m - 1), 0)
+    end_pos = view.pos_at(ring.local_to_rows(end, segment, view.max_length, view.num_segments)[0])
+    return ok & view.window.is_valid(t, end_pos, min_id, m)
+
+
+def excluded_mass(view: View, tree: SumTree, n: int) -> Any:
+    """The mass of live rows that cannot start a window of `n` now (`startable` is false).
+
+    Besides rows of leaf 0, only a bounded set of each segment can hold such
+    rows: its `young` newest items (at most `n - 1`) and, through the episode
+    index, its oldest `history` items (their stack may show an overwritten
+    frame); a row in both counts once, as young.
+    """
+    ops = view.ops
+    history = view.window.history if view.window is not None else 0
+    adds = ops.reshape(view.num_adds, [-1, 1])
+    min_id = adds - ops.minimum(adds, view.max_length)
+    first_young = adds - ops.reshape(young(view, n), [-1, 1])
+
+    def mass(t: Any, bad: Any) -> Any:
+        segment = ops.arange(view.num_segments)[:, None] + ops.zeros_like(t)
+        rows = ring.local_to_rows(ops.maximum(t, 0), segment, view.max_length, view.num_segments)[0]
+        leaf = tree.leaf(ops, rows)
+        return ops.sum(ops.where(bad & (t >= min_id) & (t < adds), leaf, ops.zeros_like(leaf)))
+
+    total = 0.0
+    if n > 1:
+        t = adds - 1 - ops.arange(n - 1)[None, :]
+        total = total + mass(t, t >= first_young)
+    if history:
+        t = min_id + ops.arange(history)[None, :]
+        segment = ops.arange(view.num_segments)[:, None] + ops.zeros_like(t)
+        total = total + mass(t, (t < first_young) & ~startable(view, segment, t, n))
+    return total

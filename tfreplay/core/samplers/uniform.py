@@ -40,7 +40,7 @@ class UniformSampler:
     def bind(self, make: Callable, num_rows: int) -> UniformSampler:
         return self
 
-    def on_write(self, ops: Any, rows: Any) -> list:
+    def on_write(self, ops: Any, rows: Any, startable: Any = None) -> list:
         return []
 
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
