@@ -14,9 +14,8 @@ from typing import Any
 import tensorflow as tf
 
 from tfreplay.agents import DqnAgent, LossInfo
-from tfreplay.buffers import TFPrioritizedReplayBuffer, importance_weights
-from tfreplay.core.api import BufferInfo, ReplayBuffer
-from tfreplay.core.ops import TF_OPS
+from tfreplay.buffers import importance_weights
+from tfreplay.core.api import ReplayBuffer
 from tfreplay.transforms import NStepReturns
 
 
@@ -50,7 +49,7 @@ def prioritized_train_step(
 
 
 def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int, transform: Any = None) -> tf.data.Dataset:
-    """What the learner reads: batches of single transitions, each drawn when asked.
+    """What the learner reads: batches of single transitions (n-step ones with `transform`), each drawn when asked.
 
     A `Transition` holds its own `next_observation`, so a TD target needs no
     window of two: `num_steps=None` reads one row per sample instead of two,
@@ -71,30 +70,9 @@ def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int, transform: 
     options.experimental_optimization.inject_prefetch = False  # a prefetch thread would race the collector
     if transform is None:
         dataset = buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None)
-    elif isinstance(buffer, TFPrioritizedReplayBuffer):
-        dataset = _ring_windows_dataset(buffer, sample_batch_size, transform)
     else:
         dataset = buffer.as_dataset(sample_batch_size=sample_batch_size, transform=transform)
     return dataset.with_options(options)
-
-
-def _ring_windows_dataset(buffer: ReplayBuffer, sample_batch_size: int, transform: Any) -> tf.data.Dataset:
-    """`transform` over plain ring windows cut at their first item's episode end.
-
-    The prioritized sampler does not draw padded windows yet, so the episode's
-    end is found here, from the drivers' `terminated`/`truncated` flags: the
-    steps after it get a False mask, as the transform expects. A ring window
-    never crosses the write head, so the newest `n - 1` items of a segment
-    start no window until more are written (the core's padded windows also
-    draw those that end an episode).
-    """
-
-    def cut(items: Any, info: BufferInfo) -> tuple:
-        ended = tf.cast(items.terminated | items.truncated, tf.int32)
-        mask = tf.cumsum(ended, axis=1, exclusive=True) == 0  # real up to the first end, included
-        return transform(items, mask, TF_OPS), BufferInfo(info.ids[:, 0], info.probabilities)
-
-    return buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=transform.num_steps).map(cut)
 
 
 def n_step_transform(config: Any) -> Any:
