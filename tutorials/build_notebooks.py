@@ -610,8 +610,9 @@ return one transition per window, summed in the graph:
 * `discount = gamma**m * (product of the steps' discounts)`: the whole bootstrap factor, 0
   after a terminated end.
 
-Here, by hand, one segment: an episode of 4 steps that terminates, one of 3 that is
-truncated by a time limit, and one still running. Each observation is the step's number.""",
+Here, by hand, one segment of a prioritized buffer (every transform works on every
+sampler): an episode of 4 steps that terminates, one of 3 that is truncated by a time
+limit, and one still running. Each observation is the step's number.""",
     ),
     (
         "code",
@@ -624,7 +625,7 @@ step_spec = {
     "terminated": tf.TensorSpec([], tf.bool),
     "truncated": tf.TensorSpec([], tf.bool),
 }
-rb_small = tfreplay.TFUniformReplayBuffer(step_spec, batch_size=1, max_length=20, seed=0)
+rb_small = tfreplay.TFPrioritizedReplayBuffer(step_spec, batch_size=1, max_length=20, seed=0)
 ends = {3: "terminated", 6: "truncated"}  # the last step of the first two episodes
 for t in range(9):
     end = ends.get(t)
@@ -692,17 +693,18 @@ Prioritized sequences use R2D2's mix of the per-step TD errors over the valid st
 the burn-in: `eta * max + (1 - eta) * mean`. `sequence_priorities` computes it. The
 priority of a sequence is that of its first item, and `info.ids` are those items' ids: the
 priorities go to `update_priorities(info.ids, ...)` as for single transitions. (Here the TD
-errors are made up: a recurrent learner would compute them. A sequence with no valid step
-after its burn-in gets priority 0. The prioritized sampler does
-not draw episode-aware windows yet, so `train_dqn` cuts its n-step windows at episode ends
-itself.)""",
+errors are made up: a recurrent learner would compute them.) A sequence with no valid step
+after its burn-in gets priority 0: never drawn again. The prioritized sampler draws padded
+sequences (`pad=True`); strict ones (`pad=False`) come from the uniform sampler for now.""",
     ),
     (
         "code",
         """\
 td_errors = np.random.default_rng(0).normal(size=window.mask.shape)[:, sequences.burn_in :]
-mask = window.mask.numpy()[:, sequences.burn_in:]
-print("sequence priorities:", tfreplay.sequence_priorities(td_errors, mask, eta=0.9).round(3))""",
+mask = window.mask.numpy()[:, sequences.burn_in :]
+priorities = tfreplay.sequence_priorities(td_errors, mask, eta=0.9)
+print("sequence priorities, rows as above:", priorities[np.argsort(info.ids.numpy())].round(3))
+rb_small.update_priorities(info.ids, priorities)""",
     ),
     (
         "md",
