@@ -68,6 +68,7 @@ def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int, transform: 
     """
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False  # a prefetch thread would race the collector
+    options.autotune.enabled = False  # nothing to tune (no parallel calls), and no model thread to join at exit
     if transform is None:
         dataset = buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None)
     else:
