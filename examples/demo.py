@@ -2,13 +2,16 @@
 
     python -m examples.demo                      # a few minutes on 2 cores
     python -m examples.demo --steps=80000 --resume   # continue the saved run
+    python -m examples.demo --prioritized --n_step=3 # prioritized replay, 3-step returns
     tensorboard --logdir runs/demo/tensorboard
 
 A vectorised collect driver feeds a `TFUniformReplayBuffer` through its
 `add_batch` observer; the learner reads batches of 128 single transitions
 (`as_dataset(sample_batch_size=128)`, each with its `next_observation`).
 Writes checkpoints (agent + buffer), TensorBoard summaries, `history.json` and
-`learning_curve.png` under `--output_dir`.
+`learning_curve.png` under `--output_dir`. `--prioritized` replays from a
+`TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
+train step); `--n_step=N` learns from N-step returns.
 """
 
 from __future__ import annotations
@@ -35,14 +38,15 @@ flags.DEFINE_string("output_dir", "runs/demo", "Where checkpoints, summaries and
 flags.DEFINE_boolean("resume", False, "Continue from the latest checkpoint in --output_dir.")
 flags.DEFINE_boolean("early_stop", True, "Stop once a periodic evaluation reaches the env's reward threshold.")
 flags.DEFINE_boolean("progress", True, "Show a tqdm progress bar.")
+flags.DEFINE_boolean("prioritized", False, "Prioritized replay (alpha 0.6, beta 0.4 annealed to 1).")
+flags.DEFINE_integer("n_step", 1, "Learn from n-step returns (1: single transitions).", lower_bound=1)
 FLAGS = flags.FLAGS
 
 
-def main(argv: Sequence[str]) -> None:
-    del argv
-    logging.set_verbosity(logging.WARNING)  # app.run would show TensorFlow's INFO logs
+def config_from_flags() -> DqnConfig:
+    """The run the parsed flags ask for."""
     threshold = gym.spec(FLAGS.env_id).reward_threshold if FLAGS.early_stop else None
-    config = DqnConfig(
+    return DqnConfig(
         env_id=FLAGS.env_id,
         num_env_steps=FLAGS.steps,
         seed=FLAGS.seed,
@@ -52,7 +56,16 @@ def main(argv: Sequence[str]) -> None:
         resume=FLAGS.resume,
         progress=FLAGS.progress,
         stop_at_return=threshold,
+        prioritized=FLAGS.prioritized,
+        n_step=FLAGS.n_step,
     )
+
+
+def main(argv: Sequence[str]) -> None:
+    del argv
+    logging.set_verbosity(logging.WARNING)  # app.run would show TensorFlow's INFO logs
+    config = config_from_flags()
+    threshold = config.stop_at_return
     result = train_dqn(config)
     returns = ", ".join(f"{r:.0f}" for r in result.eval_returns)
     print(f"Greedy evaluation over {len(result.eval_returns)} episodes: {returns}")

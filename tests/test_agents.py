@@ -72,6 +72,62 @@ def test_the_loss_is_huber_of_the_double_dqn_td_error():
     np.testing.assert_allclose(huber_loss(tf.constant(errors)).numpy().mean(), expected, rtol=1e-6)
 
 
+def weighted_case():
+    """The two-row case above, gamma 0.5: TD errors 14 and -1."""
+    online = linear_q_network([[1.0, 2.0], [3.0, 0.5]])
+    agent = DqnAgent(tf.TensorSpec((2,), tf.float32), 2, online, tf_keras.optimizers.SGD(0.1), gamma=0.5)
+    agent.target_q_network.set_weights([np.array([[10.0, 20.0], [30.0, 40.0]], np.float32)])
+    eye = np.eye(2, dtype=np.float32)
+    items = {
+        "observation": eye,
+        "action": np.array([1, 0]),
+        "reward": np.array([1.0, 2.0], np.float32),
+        "discount": np.array([1.0, 0.0], np.float32),
+        "next_observation": eye[::-1].copy(),
+    }
+    return agent, items, np.array([14.0, -1.0])
+
+
+def test_importance_weights_scale_each_samples_loss_and_td_errors_come_back_per_sample():
+    weights = np.array([0.25, 2.0], np.float32)
+    agent, items, errors = weighted_case()
+    info = agent.train(items, weights)
+    huber = np.where(np.abs(errors) <= 1, 0.5 * errors**2, np.abs(errors) - 0.5)
+    np.testing.assert_allclose(float(info.loss), np.mean(weights * huber), rtol=1e-6)  # (0.25 * 13.5 + 2 * 0.5) / 2
+    np.testing.assert_allclose(info.abs_td_errors.numpy(), np.abs(errors), rtol=1e-6)
+    assert info.abs_td_errors.shape == (2,)
+
+    # The gradient step is that of the weighted loss: SGD(0.1) on Q(s) = s @ W moves W[s, a] by 0.1 * w * dHuber.
+    step = 0.1 * weights * np.clip(errors, -1, 1) / 2
+    np.testing.assert_allclose(
+        agent.q_network.get_weights()[0], [[1.0, 2.0 + step[0]], [3.0 + step[1], 0.5]], rtol=1e-6
+    )
+
+
+def test_no_weights_is_all_ones():
+    (a, items, _), (b, _, _) = weighted_case(), weighted_case()
+    assert float(a.train(items).loss) == float(b.train(items, np.ones(2, np.float32)).loss)
+    for x, y in zip(weights(a.q_network), weights(b.q_network)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_train_runs_inside_an_outer_tf_function():
+    agent, items, errors = weighted_case()
+    step = tf.function(lambda items, w: agent.train(items, w).abs_td_errors)
+    np.testing.assert_allclose(step(items, tf.constant([1.0, 1.0])).numpy(), np.abs(errors), rtol=1e-6)
+    assert int(agent.train_step_counter) == 1
+
+
+@pytest.mark.parametrize("bad", [np.ones(3, np.float32), np.ones((2, 1), np.float32), np.float32(1.0)])
+def test_weights_of_another_shape_are_rejected_before_training(bad):
+    agent, items, _ = weighted_case()
+    before = weights(agent.q_network)
+    with pytest.raises(ValueError, match=r"DqnAgent.train: weights has shape .*; it must be \[batch\], one weight"):
+        agent.train(items, bad)
+    assert int(agent.train_step_counter) == 0
+    assert all(np.array_equal(a, b) for a, b in zip(before, weights(agent.q_network)))
+
+
 def test_the_target_network_is_updated_every_period():
     tf_keras.utils.set_random_seed(1)
     rb = filled_buffer(TFUniformReplayBuffer, 200)

@@ -24,6 +24,7 @@ SMALL = {
         "num_eval_episodes": 2,
         "recipe_env_steps": 400,
     },
+    "3_prioritized_and_sequences.ipynb": {"num_env_steps": 400, "train_steps": 20, "recipe_env_steps": 1_200},
 }
 
 

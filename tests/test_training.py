@@ -9,10 +9,19 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
-from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer, training
+from tfreplay import PyUniformReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer, training
+from tfreplay.agents import DqnAgent, make_q_network
 from tfreplay.drivers import transition_spec
-from tfreplay.training import DqnConfig, experience_dataset, linear_epsilon, train_dqn
+from tfreplay.training import (
+    DqnConfig,
+    experience_dataset,
+    linear_beta,
+    linear_epsilon,
+    prioritized_train_step,
+    train_dqn,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMALL = dict(
@@ -178,3 +187,207 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another():
     assert other["losses"] != first["losses"]
     assert not any(np.array_equal(a, b) for a, b in zip(other["weights"], first["weights"]))
     assert not np.array_equal(other["buffer"].observation, first["buffer"].observation)
+
+
+BETA_CASES = [
+    # env steps, beta (learning from 100 to 1100 steps, beta 0.4 -> 1)
+    (0, 0.4),
+    (100, 0.4),
+    (600, 0.7),
+    (1100, 1.0),
+    (5000, 1.0),
+]
+
+
+@pytest.mark.parametrize("env_steps,beta", BETA_CASES)
+def test_linear_beta_anneals_to_one_over_the_run(env_steps, beta):
+    config = DqnConfig(initial_collect_steps=100, num_env_steps=1100, beta=0.4)
+    assert linear_beta(config, env_steps) == pytest.approx(beta)
+
+
+BAD_CONFIGS = [
+    (dict(n_step=0), r"DqnConfig: n_step \(0\) must be a positive integer"),
+    (dict(beta=1.5), r"DqnConfig: beta \(1.5\) must be in \[0, 1\]"),
+    (dict(priority_eps=0.0), r"DqnConfig: priority_eps \(0.0\) must be positive"),
+]
+
+
+@pytest.mark.parametrize("kwargs,match", BAD_CONFIGS)
+def test_bad_configs_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DqnConfig(**kwargs)
+
+
+def random_transitions(spec, num_envs, rng):
+    batch = tf.nest.map_structure(lambda s: np.zeros([num_envs] + s.shape.as_list(), s.dtype.as_numpy_dtype), spec)
+    return batch._replace(
+        observation=rng.normal(size=(num_envs, 2)).astype(np.float32),
+        next_observation=rng.normal(size=(num_envs, 2)).astype(np.float32),
+        action=rng.integers(0, 2, num_envs).astype(batch.action.dtype),
+        reward=rng.normal(size=num_envs).astype(np.float32),
+        discount=np.ones(num_envs, np.float32),
+    )
+
+
+def test_one_tf_function_samples_trains_and_gives_the_sampled_items_their_td_errors_as_priorities():
+    spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
+    rb = TFPrioritizedReplayBuffer(spec, batch_size=2, max_length=8, alpha=0.6, seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        rb.add_batch(random_transitions(spec, 2, rng))  # ids 0..15, all at priority 1
+    agent = DqnAgent(spec.observation, 2, make_q_network(spec.observation, 2, (8,), seed=0))
+
+    @tf.function
+    def step(beta):
+        experience = rb.get_next(sample_batch_size=6)
+        return experience[1].ids, prioritized_train_step(agent, rb, experience, beta, priority_eps=0.01)
+
+    ids, loss_info = step(tf.constant(0.4))
+    priorities = np.ones(16)
+    priorities[ids.numpy()] = loss_info.abs_td_errors.numpy().astype(np.float64) + 0.01
+    assert len(set(ids.numpy())) > 1 and not np.allclose(priorities, 1.0)  # the test can see a change
+
+    # The next draws come with probability priority ** alpha / sum, the new priorities included.
+    _, info = rb.get_next(sample_batch_size=2000)
+    expected = priorities**0.6 / np.sum(priorities**0.6)
+    np.testing.assert_allclose(info.probabilities.numpy(), expected[info.ids.numpy()], rtol=1e-5)
+    assert int(agent.train_step_counter) == 1
+
+    step(tf.constant(0.7))  # another beta: the same graph
+    assert step.experimental_get_tracing_count() == 1 and int(agent.train_step_counter) == 2
+
+
+def test_the_prioritized_step_weighs_the_loss_by_the_importance_weights():
+    spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
+    rb = TFPrioritizedReplayBuffer(spec, batch_size=2, max_length=8, seed=1)
+    rng = np.random.default_rng(1)
+    for _ in range(8):
+        rb.add_batch(random_transitions(spec, 2, rng))
+    rb.update_priorities(np.arange(16), rng.uniform(0.1, 3.0, 16))
+    experience = rb.get_next(sample_batch_size=8)
+    probabilities = experience[1].probabilities.numpy().astype(np.float64)
+    weights = (probabilities / probabilities.min()) ** -0.5  # (N P)^-beta over its maximum
+    agents = [DqnAgent(spec.observation, 2, make_q_network(spec.observation, 2, (8,), seed=2)) for _ in range(2)]
+    got = float(prioritized_train_step(agents[0], rb, experience, 0.5).loss)
+    direct = float(agents[1].train(experience[0], weights.astype(np.float32)).loss)
+    assert got == pytest.approx(direct, rel=1e-5) and got != pytest.approx(float(agents[1].train(experience).loss))
+
+
+@pytest.mark.slow
+def test_a_short_prioritized_run_trains_and_moves_the_priorities():
+    result = train_dqn(DqnConfig(**SMALL, prioritized=True))
+    assert isinstance(result.buffer, TFPrioritizedReplayBuffer)
+    assert result.num_train_steps == ((480 - 200) // 4 + 1) * 2 and np.isfinite(result.history[-1]["loss"])
+    _, info = result.buffer.get_next(sample_batch_size=500)
+    assert np.ptp(info.probabilities.numpy()) > 0  # no longer the uniform 1 / 400
+
+
+def test_the_demo_flags_choose_the_replay():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from absl import flags
+
+        from examples import demo
+    finally:
+        sys.path.remove(str(ROOT))
+    flags.FLAGS(["demo", "--prioritized", "--n_step=3", "--steps=1000", "--noearly_stop"])
+    try:
+        config = demo.config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert (config.prioritized, config.n_step, config.num_env_steps, config.stop_at_return) == (True, 3, 1000, None)
+    flags.FLAGS(["demo"])
+    try:
+        config = demo.config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert (config.prioritized, config.n_step, config.stop_at_return) == (False, 1, 475.0)
+    with pytest.raises(flags.IllegalFlagValueError, match="n_step"):
+        flags.FLAGS(["demo", "--n_step=0"])
+    flags.FLAGS.unparse_flags()
+
+
+def test_the_comparison_table_reads_runs_that_missed_the_threshold_as_lower_bounds():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from examples import compare_replay
+    finally:
+        sys.path.remove(str(ROOT))
+    record = lambda variant, seed, reached, ret: {  # noqa: E731
+        "variant": variant,
+        "seed": seed,
+        "budget": 100_000,
+        "steps_to_threshold": reached,
+        "final_return": ret,
+        "train_steps_per_sec": 200.0,
+    }
+    records = [record("uniform", 1, 50_000, 480.0), record("uniform", 0, 40_000, 500.0)]
+    records += [record("PER + 3-step", 0, None, 300.0), record("PER + 3-step", 1, 20_000, 490.5)]
+    lines = compare_replay.table(records).splitlines()
+    assert lines[2] == "| uniform (seeds 0, 1) | 40,000, 50,000 | 45,000 | 500.0, 480.0 | 200 |"
+    assert lines[3] == "| PER + 3-step (seeds 0, 1) | not in 100,000, 20,000 | > 60,000 | 300.0, 490.5 | 200 |"
+
+
+@pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, TFPrioritizedReplayBuffer])
+def test_n_step_training_targets_are_the_n_step_returns_of_the_stored_episodes(buffer_cls):
+    # One segment: an episode terminated at t=3, one truncated at t=6, one still running (t=7, 8).
+    spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
+    rng = np.random.default_rng(3)
+    observations = rng.normal(size=(10, 2)).astype(np.float32)
+    rewards = rng.normal(size=9).astype(np.float32)
+    terminated, truncated = np.arange(9) == 3, np.arange(9) == 6
+    rb = buffer_cls(spec, batch_size=1, max_length=16, seed=3)
+    for t in range(9):
+        batch = tf.nest.map_structure(lambda s: np.zeros([1] + s.shape.as_list(), s.dtype.as_numpy_dtype), spec)
+        rb.add_batch(
+            batch._replace(
+                observation=observations[t : t + 1],
+                next_observation=observations[t + 1 : t + 2],
+                action=np.array([t % 2], batch.action.dtype),
+                reward=rewards[t : t + 1],
+                discount=np.float32([0.0 if terminated[t] else 1.0]),
+                terminated=terminated[t : t + 1],
+                truncated=truncated[t : t + 1],
+                step_type=np.int32([0 if t in (0, 4, 7) else 1]),  # FIRST, else MID
+            )
+        )
+    config = DqnConfig(n_step=3, gamma=0.9)
+    online = [[1.0, -2.0], [0.5, 3.0]]
+    agent = DqnAgent(spec.observation, 2, linear_q_network(online), tf_keras.optimizers.SGD(0.0), gamma=1.0)
+    agent.target_q_network.set_weights([np.float32([[2.0, 1.0], [-1.0, 4.0]])])
+    items, info = next(iter(experience_dataset(rb, 256, training.n_step_transform(config))))
+    got = agent.train(items).abs_td_errors.numpy()
+
+    q, q_target = (lambda x: x @ np.float64(online)), (lambda x: x @ np.float64([[2.0, 1.0], [-1.0, 4.0]]))
+    ends = [3, 3, 3, 3, 6, 6, 6]  # each start's episode end (starts 7 and 8 cannot be drawn yet)
+    for k, t in enumerate(info.ids.numpy()):
+        m = min(3, ends[t] - t + 1)
+        ret = sum(0.9**i * rewards[t + i] for i in range(m))
+        bootstrap = 0.0 if terminated[t + m - 1] else 0.9**m
+        last = observations[t + m]
+        target = ret + bootstrap * q_target(last)[np.argmax(q(last))]
+        np.testing.assert_allclose(got[k], abs(target - q(observations[t])[t % 2]), rtol=1e-5, atol=1e-5)
+    # 256 uniform draws over 7 starts: one is missed with probability below 7 * (6/7)**256 < 1e-16.
+    assert set(info.ids.numpy()) == set(range(7))
+
+
+def linear_q_network(matrix):
+    model = tf_keras.Sequential([tf_keras.layers.Dense(2, use_bias=False)])
+    model.build([None, 2])
+    model.set_weights([np.asarray(matrix, np.float32)])
+    return model
+
+
+@pytest.mark.slow
+def test_a_short_prioritized_n_step_run_trains_with_the_transform_discounting():
+    result = train_dqn(DqnConfig(**SMALL, prioritized=True, n_step=3))
+    assert result.agent.gamma == 1.0  # NStepReturns applied gamma already
+    assert result.num_train_steps == ((480 - 200) // 4 + 1) * 2 and np.isfinite(result.history[-1]["loss"])
+    _, info = result.buffer.get_next(sample_batch_size=500)
+    assert np.ptp(info.probabilities.numpy()) > 0
+
+
+def test_the_n_step_transform_is_used_from_two_steps_on():
+    assert training.n_step_transform(DqnConfig(n_step=1)) is None
+    transform = training.n_step_transform(DqnConfig(n_step=3, gamma=0.9))
+    assert (transform.n, transform.gamma) == (3, 0.9)

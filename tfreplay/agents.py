@@ -11,6 +11,17 @@ transition holds everything a TD target needs: sample single transitions.
 Windows of two (`num_steps=2`, what TF-Agents' DQN reads) are accepted too,
 for code written for TF-Agents; only their step 0 is used, so they cost twice
 the reads and never start at the newest transition of a segment.
+
+Prioritized replay: `train(experience, weights)` scales each sample's loss by
+its importance weight and returns each sample's `|TD error|`, the new priority:
+
+    weights = tfreplay.importance_weights(info.probabilities, rb.num_frames(), beta)
+    loss_info = agent.train(items, weights)
+    rb.update_priorities(info.ids, loss_info.abs_td_errors + 1e-6)
+
+n-step returns: items from `tfreplay.NStepReturns(n, gamma)` carry the whole
+bootstrap factor in `discount` (`gamma^m` times the episode's discounts), so
+an agent reading them is built with `gamma=1.0`; see `DqnAgent`.
 """
 
 from __future__ import annotations
@@ -29,10 +40,18 @@ _FIELDS = ("observation", "action", "reward", "discount", "next_observation")
 
 
 class LossInfo(NamedTuple):
-    """What `DqnAgent.train` returns: the loss and a few diagnostics."""
+    """What `DqnAgent.train` returns.
+
+    Attributes:
+      loss: the scalar loss of the step.
+      extra: diagnostics, `q_mean` and `td_error_abs` (batch means).
+      abs_td_errors: `|target - Q(s, a)|` of each sample, `[batch]`: the
+        priorities to give the sampled items (plus a small epsilon).
+    """
 
     loss: tf.Tensor
     extra: dict
+    abs_td_errors: Any = None
 
 
 def make_q_network(
@@ -82,7 +101,14 @@ class DqnAgent(tf.Module):
     The online network picks the next action, the target network values it:
     `target = r + gamma * discount * Q_target(s', argmax_a Q(s', a))`. The
     target network is updated every `target_update_period` train steps, with
-    `target_update_tau` (1 = copy). Checkpoint it with
+    `target_update_tau` (1 = copy).
+
+    One formula serves one-step and n-step items: `discount` is whatever
+    multiplies the bootstrap after `gamma`. A stored `Transition` has
+    `discount` 0 or 1, and `gamma` discounts it. `NStepReturns(n, gamma)` has
+    already applied `gamma^m` (`m <= n` real steps), so build the agent that
+    reads it with `gamma=1.0`: gamma then lives in one place, the transform
+    (what `train_dqn` does when `n_step > 1`). Checkpoint it with
     `tf.train.Checkpoint(agent=agent, buffer=rb)`: networks, optimizer and
     `train_step_counter` are tracked.
 
@@ -92,7 +118,8 @@ class DqnAgent(tf.Module):
       q_network: a built Keras model `[B, *obs] -> [B, num_actions]`; default
         `make_q_network(observation_spec, num_actions)`.
       optimizer: a tf-keras optimizer; default Adam(1e-3).
-      gamma: discount factor.
+      gamma: discount factor applied to each item's `discount` (1.0 for
+        `NStepReturns` items, which are discounted already).
       target_update_period: train steps between target updates.
       target_update_tau: weight of the online network in each update.
       gradient_clipping: clip the gradients' global norm to this, if set.
@@ -136,17 +163,29 @@ class DqnAgent(tf.Module):
         self._clip = gradient_clipping
         self._train_fn = tf.function(self._train_step)
 
-    def train(self, experience: Any) -> LossInfo:
+    def train(self, experience: Any, weights: Any = None) -> LossInfo:
         """One gradient step on a batch of experience.
+
+        Usable eagerly and inside a `tf.function` (a train step that also
+        samples and updates priorities).
 
         Args:
           experience: an `(items, BufferInfo)` element of `as_dataset` or
             `get_next`, or the items alone: a `Transition` (or a dict with its
             fields) shaped `[B, ...]` (`num_steps=None`), or windows shaped
             `[B, T, ...]` as TF-Agents samples them, of which step 0 is used.
+          weights: importance weights, one per sample (`[B]`), e.g. from
+            `tfreplay.importance_weights`; the loss is `mean(weights * huber)`
+            over the batch. They are not renormalized: weights scaled by their
+            maximum shrink the step, as in Schaul et al. (2016). `None`: all 1.
 
         Returns:
-          `LossInfo(loss, extra)`; extra holds the mean Q-value and TD error.
+          `LossInfo(loss, extra, abs_td_errors)`; extra holds the mean
+          Q-value and absolute TD error, `abs_td_errors` each sample's.
+
+        Raises:
+          TypeError: experience without the `Transition` fields.
+          ValueError: a reward not `[B]` or `[B, T]`, or weights not `[B]`.
         """
         if isinstance(experience, tuple) and len(experience) == 2 and isinstance(experience[1], BufferInfo):
             experience = experience[0]
@@ -158,7 +197,24 @@ class DqnAgent(tf.Module):
             )
         if rank == 2:
             fields = [tf.nest.map_structure(lambda x: x[:, 0], f) for f in fields]
-        return self._train_fn(*fields)
+        return self._train_fn(*fields, self._weights(weights, fields[2]))
+
+    @staticmethod
+    def _weights(weights: Any, reward: tf.Tensor) -> tf.Tensor:
+        if weights is None:
+            return tf.ones_like(reward, tf.float32)
+        weights = tf.cast(tf.convert_to_tensor(weights), tf.float32)
+        if weights.shape.rank != 1 or not weights.shape.is_compatible_with(reward.shape):
+            raise ValueError(
+                f"DqnAgent.train: weights has shape {weights.shape}; it must be [batch], one weight per sample "
+                f"(the reward's batch is {reward.shape[:1]})."
+            )
+        return weights
+
+    @property
+    def gamma(self) -> float:
+        """The discount applied to each item's `discount` (1.0 for an agent reading `NStepReturns`)."""
+        return self._gamma
 
     def _td_targets(self, reward: tf.Tensor, discount: tf.Tensor, next_observation: Nest) -> tf.Tensor:
         best = tf.argmax(self.q_network(next_observation, training=False), axis=-1, output_type=tf.int32)
@@ -166,7 +222,13 @@ class DqnAgent(tf.Module):
         return tf.stop_gradient(reward + self._gamma * discount * next_q)
 
     def _train_step(
-        self, observation: Nest, action: tf.Tensor, reward: tf.Tensor, discount: tf.Tensor, next_observation: Nest
+        self,
+        observation: Nest,
+        action: tf.Tensor,
+        reward: tf.Tensor,
+        discount: tf.Tensor,
+        next_observation: Nest,
+        weights: tf.Tensor,
     ) -> LossInfo:
         targets = self._td_targets(reward, discount, next_observation)
         variables = self.q_network.trainable_variables
@@ -174,7 +236,7 @@ class DqnAgent(tf.Module):
             q_values = self.q_network(observation, training=True)
             chosen = tf.gather(q_values, tf.cast(action, tf.int32), batch_dims=1)
             td_errors = targets - chosen
-            loss = tf.reduce_mean(huber_loss(td_errors))
+            loss = tf.reduce_mean(weights * huber_loss(td_errors))
         grads = tape.gradient(loss, variables)
         if self._clip is not None:
             grads, _ = tf.clip_by_global_norm(grads, self._clip)
@@ -182,8 +244,9 @@ class DqnAgent(tf.Module):
         step = self.train_step_counter.assign_add(1)
         if step % self._period == 0:
             self._update_target()
-        extra = {"q_mean": tf.reduce_mean(chosen), "td_error_abs": tf.reduce_mean(tf.abs(td_errors))}
-        return LossInfo(loss=loss, extra=extra)
+        abs_td_errors = tf.abs(td_errors)
+        extra = {"q_mean": tf.reduce_mean(chosen), "td_error_abs": tf.reduce_mean(abs_td_errors)}
+        return LossInfo(loss=loss, extra=extra, abs_td_errors=abs_td_errors)
 
     def _update_target(self) -> tf.Operation:
         tau = self._tau

@@ -314,15 +314,15 @@ class Prioritized:
         return self._update_priorities(ids, priorities)
 
 
-def importance_weights(probabilities: Any, num_items: Any, beta: float) -> Any:
+def importance_weights(probabilities: Any, num_items: Any, beta: Any) -> Any:
     """Importance-sampling weights `(N * P(i)) ** -beta`, divided by their maximum (Schaul et al. 2016).
 
     Args:
       probabilities: `BufferInfo.probabilities` of a sample.
       num_items: the number of items it was drawn from (`num_frames()`).
-      beta: 0 (no correction) to 1 (full correction).
+      beta: 0 (no correction) to 1 (full correction); a float or a scalar tensor (annealed in a graph).
     """
-    weights = (tf.cast(num_items, tf.float32) * tf.cast(probabilities, tf.float32)) ** -float(beta)
+    weights = (tf.cast(num_items, tf.float32) * tf.cast(probabilities, tf.float32)) ** -tf.cast(beta, tf.float32)
     return weights / tf.reduce_max(weights)
 
 

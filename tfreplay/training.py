@@ -3,7 +3,17 @@
 `train_dqn(DqnConfig(...))` is what `python -m examples.demo` runs; tests and
 the tutorials call it with small step counts. One vectorised `StepDriver`
 feeds a `TFUniformReplayBuffer` through its `add_batch` observer; the learner
-reads single transitions, `experience_dataset(buffer, batch_size)`. With an
+reads single transitions, `experience_dataset(buffer, batch_size)`.
+
+`prioritized=True` uses a `TFPrioritizedReplayBuffer` instead: each train
+step is one `tf.function` (`prioritized_train_step`) that weighs the
+sampled batch by its importance weights (beta annealed from `beta` to 1 over
+the run), trains, and gives the sampled items their new priorities,
+`|TD error| + priority_eps`. `n_step > 1` reads `NStepReturns(n_step,
+gamma)` items, whose `discount` holds the whole bootstrap factor, so the
+agent is built with `gamma=1.0` (gamma is applied once, by the transform);
+with `n_step=1` the learner reads stored transitions and the agent applies
+gamma, the cheapest read. With an
 `output_dir` it checkpoints agent, buffer and counters (`resume=True`
 continues), writes TensorBoard summaries, `history.json` and a learning-curve
 PNG. The same config (seed included) gives the same run: networks,
@@ -25,11 +35,26 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from tfreplay.agents import DqnAgent, make_q_network
-from tfreplay.buffers import TFUniformReplayBuffer
+from tfreplay.agents import DqnAgent, LossInfo, make_q_network
+from tfreplay.buffers import TFPrioritizedReplayBuffer, TFUniformReplayBuffer
+from tfreplay.core import specs
 from tfreplay.core.api import ReplayBuffer
 from tfreplay.drivers import StepDriver, make_vector_env, transition_spec
+from tfreplay.learner import experience_dataset, linear_beta, n_step_transform, prioritized_train_step
 from tfreplay.observers import AverageEpisodeLength, AverageReturn
+
+__all__ = [  # the learner's pieces are re-exported: examples and tests import them from here
+    "DqnConfig",
+    "TrainResult",
+    "evaluate",
+    "experience_dataset",
+    "linear_beta",
+    "linear_epsilon",
+    "n_step_transform",
+    "plot_learning_curve",
+    "prioritized_train_step",
+    "train_dqn",
+]
 
 
 @dataclasses.dataclass
@@ -64,6 +89,20 @@ class DqnConfig:
     output_dir: str | None = None
     resume: bool = False
     progress: bool = True
+    prioritized: bool = False  # TFPrioritizedReplayBuffer, priorities |TD error| + priority_eps
+    alpha: float = 0.6  # how much priorities count (0: uniform)
+    beta: float = 0.4  # importance-weight exponent when learning starts, annealed linearly to 1 at the end
+    priority_eps: float = 1e-6  # keeps every item drawable
+    n_step: int = 1  # > 1: learn from n-step returns (NStepReturns)
+
+    def __post_init__(self) -> None:
+        specs.check_positive_int("DqnConfig", "n_step", self.n_step)
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"DqnConfig: beta ({self.beta!r}) must be in [0, 1].")
+        if not self.priority_eps > 0.0:
+            raise ValueError(
+                f"DqnConfig: priority_eps ({self.priority_eps!r}) must be positive, so every item can be drawn."
+            )
 
 
 @dataclasses.dataclass
@@ -84,7 +123,7 @@ class TrainResult:
     history: list
     output_dir: str | None
     agent: DqnAgent
-    buffer: TFUniformReplayBuffer
+    buffer: ReplayBuffer
 
     def summary(self) -> str:
         return (
@@ -100,28 +139,6 @@ def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
         return 1.0
     fraction = min((env_steps - config.initial_collect_steps) / max(config.epsilon_decay_steps, 1), 1.0)
     return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
-
-
-def experience_dataset(buffer: ReplayBuffer, sample_batch_size: int) -> tf.data.Dataset:
-    """What the learner reads: batches of single transitions, each drawn when asked.
-
-    A `Transition` holds its own `next_observation`, so a TD target needs no
-    window of two: `num_steps=None` reads one row per sample instead of two,
-    and can draw the newest transition of every environment (a window of two
-    never starts there). Without prefetching, a sample is drawn at the
-    learner's `next`, after the collection step before it: the draws, and so
-    the run, are the same for the same seed.
-
-    Args:
-      buffer: a uniform replay buffer of `Transition`s.
-      sample_batch_size: transitions per element.
-
-    Returns:
-      A dataset of `(Transition [sample_batch_size, ...], BufferInfo)`.
-    """
-    options = tf.data.Options()
-    options.experimental_optimization.inject_prefetch = False  # a prefetch thread would race the collector
-    return buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=None).with_options(options)
 
 
 def evaluate(env_id: str, policy: Callable, num_episodes: int = 20, seed: int | None = None) -> list[float]:
@@ -236,20 +253,25 @@ class _Run:
             num_actions,
             q_network,
             tf_keras.optimizers.Adam(_learning_rate(c)),
-            gamma=c.gamma,
+            gamma=c.gamma if c.n_step == 1 else 1.0,  # n-step items are discounted by the transform
             target_update_period=c.target_update_period,
             target_update_tau=c.target_update_tau,
             gradient_clipping=c.gradient_clipping,
         )
-        self.buffer = TFUniformReplayBuffer(
-            spec, batch_size=c.num_envs, max_length=max(c.buffer_size // c.num_envs, 2), seed=c.seed
-        )
+        max_length = max(c.buffer_size // c.num_envs, c.n_step + 1)
+        self.buffer: ReplayBuffer
+        if c.prioritized:
+            self.buffer = TFPrioritizedReplayBuffer(spec, c.num_envs, max_length, alpha=c.alpha, seed=c.seed)
+            step = lambda e, beta: prioritized_train_step(self.agent, self.buffer, e, beta, c.priority_eps)  # noqa: E731
+            self._prioritized_step = tf.function(step)
+        else:
+            self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed)
         self.returns, self.lengths = AverageReturn(20), AverageEpisodeLength(20)
         policy = self.agent.policy(lambda: linear_epsilon(c, int(self.env_steps.numpy())), seed=c.seed)
         self.driver = StepDriver(
             self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
         )
-        self.samples = iter(experience_dataset(self.buffer, c.batch_size))
+        self.samples = iter(experience_dataset(self.buffer, c.batch_size, n_step_transform(c)))
         self.history: list[dict] = []
         self.best_q_network = tf_keras.models.clone_model(q_network)
         self.best_q_network.set_weights(q_network.get_weights())
@@ -285,9 +307,16 @@ class _Run:
             return loss, credit
         credit += c.train_steps_per_env_step * c.num_envs
         while credit >= 1.0:
-            loss = float(self.agent.train(next(self.samples)).loss)
+            loss = float(self.train_once().loss)
             credit -= 1.0
         return loss, credit
+
+    def train_once(self) -> LossInfo:
+        """One train step on the next sample (with priorities: weights, train, update, one graph)."""
+        if not self.config.prioritized:
+            return self.agent.train(next(self.samples))
+        beta = tf.constant(linear_beta(self.config, int(self.env_steps.numpy())), tf.float32)
+        return self._prioritized_step(next(self.samples), beta)
 
     def log(self, loss: float, elapsed: float) -> dict:
         finite = lambda x: float(x) if np.isfinite(x) else None  # noqa: E731  (JSON has no NaN)

@@ -443,6 +443,281 @@ plt.show()""",
 ]
 
 
+PRIORITIZED_AND_SEQUENCES = [
+    (
+        "md",
+        """\
+# Prioritized replay, n-step returns and sequences
+
+Three ways to make each sample count for more, all computed inside the TensorFlow graph:
+
+1. **prioritized replay** (Schaul et al. 2016): draw the transitions the agent gets most
+   wrong more often, and correct the bias with importance weights;
+2. a DQN **train step** that samples, learns and updates the priorities in one `tf.function`;
+3. **n-step returns**, summed at sample time, that stop at an episode's end;
+4. **sequences** for recurrent agents, with a burn-in, padding past an episode's end and a
+   mask, and R2D2's sequence priorities.""",
+    ),
+    ("code", INSTALL),
+    (
+        "params",
+        """\
+# Budget of this notebook (the test suite runs it with much smaller numbers).
+num_env_steps = 4_000  # random transitions collected for sections 1 and 2
+train_steps = 500  # prioritized train steps in section 2
+recipe_env_steps = 100_000  # at most this many steps for train_dqn in section 3 (it usually stops earlier)""",
+    ),
+    (
+        "code",
+        """\
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import matplotlib.pyplot as plt
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+import tfreplay
+from tfreplay.agents import DqnAgent, make_q_network
+from tfreplay.drivers import StepDriver, make_vector_env
+from tfreplay.policies import RandomPolicy
+from tfreplay.training import train_dqn
+
+tf_keras.utils.set_random_seed(0)""",
+    ),
+    (
+        "md",
+        """\
+## 1. Prioritized replay
+
+`TFPrioritizedReplayBuffer` has the API of `TFUniformReplayBuffer` plus
+`update_priorities(ids, priorities)`. Item `i` is drawn with probability
+`p_i ** alpha / sum_j p_j ** alpha` (`alpha=0` is uniform), from a sum tree kept in a
+`tf.Variable`. New items enter at the largest priority given so far (1 to begin with), so
+each is seen at least once soon. We fill one with random CartPole transitions.""",
+    ),
+    (
+        "code",
+        """\
+env = make_vector_env("CartPole-v1", 4)
+driver = StepDriver(env, RandomPolicy(env.single_action_space, seed=0), num_steps=4, seed=0)
+spec = driver.transition_spec
+rb = tfreplay.TFPrioritizedReplayBuffer(spec, batch_size=4, max_length=10_000, alpha=0.6, seed=0)
+driver.add_observer(rb.add_batch)
+driver.run(num_env_steps)
+
+items, info = rb.get_next(sample_batch_size=5)
+num_items = int(rb.num_frames())
+print("ids:", info.ids.numpy())
+print("probabilities x number of items:", info.probabilities.numpy() * num_items, "(all equal: uniform so far)")""",
+    ),
+    (
+        "md",
+        """\
+Give these five items new priorities (a learner would use their TD errors) and draw many
+samples: each is drawn as often as its exact probability, which `BufferInfo.probabilities`
+reports. Priority 0 means never drawn, until raised again.""",
+    ),
+    (
+        "code",
+        """\
+priorities = np.array([0.0, 0.5, 2.0, 8.0, 32.0])
+rb.update_priorities(info.ids, priorities)
+
+num_draws = 100_000
+_, many = rb.get_next(sample_batch_size=num_draws)
+drawn = many.ids.numpy()
+weights = priorities**0.6
+exact = weights / (weights.sum() + (num_items - 5))  # the other items kept priority 1
+for item, priority, p in zip(info.ids.numpy(), priorities, exact):
+    count = np.sum(drawn == item)
+    print(f"id {item:5d}  priority {priority:5.1f}  drawn {count:4d} times, expected {num_draws * p:6.1f}")""",
+    ),
+    (
+        "md",
+        """\
+Drawing some items more often biases the expected gradient. Importance weights
+`(N * P(i)) ** -beta`, divided by their maximum, undo it: `beta=1` fully, `beta=0` not at
+all. Prioritized DQN anneals `beta` from 0.4 to 1 over training.""",
+    ),
+    (
+        "code",
+        """\
+for beta in (0.0, 0.4, 1.0):
+    w = tfreplay.importance_weights(many.probabilities, rb.num_frames(), beta).numpy()
+    print(f"beta {beta}: weights from {w.min():.3f} (the most likely items) to {w.max():.3f}")""",
+    ),
+    (
+        "md",
+        """\
+## 2. A prioritized DQN train step
+
+`agent.train(items, weights)` scales each sample's Huber loss by its weight and returns
+each sample's `|TD error|` in `LossInfo.abs_td_errors`: the new priorities. The whole step
+is one graph: weights, gradient step and `update_priorities` (an update for an item that
+was overwritten meanwhile is ignored). `tfreplay.learner.prioritized_train_step` is these
+lines.""",
+    ),
+    (
+        "code",
+        """\
+agent = DqnAgent(spec.observation, num_actions=2, q_network=make_q_network(spec.observation, 2, seed=0))
+samples = iter(rb.as_dataset(sample_batch_size=64))
+
+
+@tf.function
+def train_step(experience, beta):
+    items, info = experience
+    weights = tfreplay.importance_weights(info.probabilities, rb.num_frames(), beta)
+    loss_info = agent.train(items, weights)
+    rb.update_priorities(info.ids, tf.cast(loss_info.abs_td_errors, tf.float64) + 1e-6)
+    return loss_info.loss
+
+
+losses = [float(train_step(next(samples), tf.constant(0.4 + 0.6 * i / train_steps))) for i in range(train_steps)]
+print(f"loss: {np.mean(losses[:20]):.3f} at first, {np.mean(losses[-20:]):.3f} at the end")""",
+    ),
+    (
+        "md",
+        """\
+The priorities now follow the TD errors: a few transitions are drawn far more often than
+the rest, and those the agent already predicts well, rarely.""",
+    ),
+    (
+        "code",
+        """\
+_, after = rb.get_next(sample_batch_size=5_000)
+relative = after.probabilities.numpy() * int(rb.num_frames())
+plt.figure(figsize=(7, 3.5))
+plt.hist(relative, bins=50, log=True)
+plt.xlabel("probability of a drawn item, relative to uniform")
+plt.ylabel("draws")
+plt.show()""",
+    ),
+    (
+        "md",
+        """\
+## 3. n-step returns
+
+`NStepReturns(n, gamma)` is a *transform*: `get_next(..., transform=...)` and
+`as_dataset(..., transform=...)` draw windows of `n` items with the buffer's sampler and
+return one transition per window, summed in the graph:
+
+* `reward = sum_{k<m} gamma**k * r_{t+k}`, over its `m <= n` real steps (fewer at an
+  episode's end; a window never crosses into another episode or the write head);
+* `next_observation` of the last real step;
+* `discount = gamma**m * (product of the steps' discounts)`: the whole bootstrap factor, 0
+  after a terminated end.
+
+Here, by hand, one segment of a prioritized buffer (every transform works on every
+sampler): an episode of 4 steps that terminates, one of 3 that is truncated by a time
+limit, and one still running. Each observation is the step's number.""",
+    ),
+    (
+        "code",
+        """\
+step_spec = {
+    "observation": tf.TensorSpec([], tf.float32),
+    "reward": tf.TensorSpec([], tf.float32),
+    "discount": tf.TensorSpec([], tf.float32),
+    "next_observation": tf.TensorSpec([], tf.float32),
+    "terminated": tf.TensorSpec([], tf.bool),
+    "truncated": tf.TensorSpec([], tf.bool),
+}
+rb_small = tfreplay.TFPrioritizedReplayBuffer(step_spec, batch_size=1, max_length=20, seed=0)
+ends = {3: "terminated", 6: "truncated"}  # the last step of the first two episodes
+for t in range(9):
+    end = ends.get(t)
+    rb_small.add_batch({
+        "observation": np.float32([t]),
+        "reward": np.float32([1.0]),
+        "discount": np.float32([0.0 if end == "terminated" else 1.0]),
+        "next_observation": np.float32([t + 1]),
+        "terminated": np.array([end == "terminated"]),
+        "truncated": np.array([end == "truncated"]),
+    })
+
+n_step = tfreplay.NStepReturns(n=3, gamma=0.9)
+items, info = rb_small.get_next(sample_batch_size=200, transform=n_step)
+first = {int(i): k for k, i in reversed(list(enumerate(info.ids.numpy())))}  # one row per drawn start
+print(" t  reward  discount  next_observation")
+for t, k in sorted(first.items()):
+    print(f"{t:2d}  {items['reward'][k]:6.2f}  {items['discount'][k]:8.3f}  {items['next_observation'][k]:6.0f}")""",
+    ),
+    (
+        "md",
+        """\
+Step 0 sums three rewards (`1 + 0.9 + 0.81`) and bootstraps with `0.9**3` from step 3.
+Steps 1 to 3 reach the terminated end (`discount` 0: nothing to bootstrap from), 2 and 3
+with fewer rewards. Steps 5 and 6 stop at the truncated end and still bootstrap, from the
+final observation, with `0.9**2` and `0.9`. Steps 7 and 8 are not drawn yet: their episode
+goes on, and their 3-step return is not known.
+
+So the TD target is `reward + discount * Q_target(next_observation, argmax)`, with no
+further `gamma`: an agent that reads `NStepReturns` items is built with `gamma=1.0`.
+`train_dqn(n_step=3, prioritized=True)` (or `python -m examples.demo --prioritized
+--n_step=3`) does all of this:""",
+    ),
+    (
+        "code",
+        """\
+result = train_dqn(num_env_steps=recipe_env_steps, prioritized=True, n_step=3, stop_at_return=475,
+                   num_eval_episodes=5, progress=False)
+print(result.summary())""",
+    ),
+    (
+        "md",
+        """\
+## 4. Sequences for recurrent agents
+
+`Sequences(length, burn_in, pad)` draws `burn_in + length` consecutive items and returns
+them as a `Window(items, mask)`, time-stacked `[B, burn_in + length, ...]`. The burn-in
+warms up a recurrent state without training on it (R2D2). With `pad=False` every sequence
+lies inside one episode; with `pad=True` a sequence may run past its episode's end: the
+steps after it are zeros and `mask` is False there. A recurrent state stored with each item
+is just another field of the spec.""",
+    ),
+    (
+        "code",
+        """\
+sequences = tfreplay.Sequences(length=3, burn_in=1, pad=True)
+window, info = rb_small.get_next(sample_batch_size=6, transform=sequences)
+for k in np.argsort(info.ids.numpy()):
+    print("observations", window.items["observation"][k].numpy(), "mask", window.mask[k].numpy().astype(int))""",
+    ),
+    (
+        "md",
+        """\
+Prioritized sequences use R2D2's mix of the per-step TD errors over the valid steps after
+the burn-in: `eta * max + (1 - eta) * mean`. `sequence_priorities` computes it. The
+priority of a sequence is that of its first item, and `info.ids` are those items' ids: the
+priorities go to `update_priorities(info.ids, ...)` as for single transitions. (Here the TD
+errors are made up: a recurrent learner would compute them.) A sequence with no valid step
+after its burn-in gets priority 0: never drawn again. The prioritized sampler draws padded
+sequences (`pad=True`); strict ones (`pad=False`) come from the uniform sampler for now.""",
+    ),
+    (
+        "code",
+        """\
+td_errors = np.random.default_rng(0).normal(size=window.mask.shape)[:, sequences.burn_in :]
+mask = window.mask.numpy()[:, sequences.burn_in :]
+priorities = tfreplay.sequence_priorities(td_errors, mask, eta=0.9)
+print("sequence priorities, rows as above:", priorities[np.argsort(info.ids.numpy())].round(3))
+rb_small.update_priorities(info.ids, priorities)""",
+    ),
+    (
+        "md",
+        """\
+## Next
+
+The README's *Prioritized replay* section has the sampler's details, and
+`python -m examples.compare_replay` runs the comparison of uniform replay against
+prioritized replay with 3-step returns on CartPole.""",
+    ),
+]
+
+
 def build(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata = {
@@ -463,7 +738,11 @@ def build(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
     return nb
 
 
-NOTEBOOKS = {"1_replay_buffers.ipynb": REPLAY_BUFFERS, "2_collect_and_train.ipynb": COLLECT_AND_TRAIN}
+NOTEBOOKS = {
+    "1_replay_buffers.ipynb": REPLAY_BUFFERS,
+    "2_collect_and_train.ipynb": COLLECT_AND_TRAIN,
+    "3_prioritized_and_sequences.ipynb": PRIORITIZED_AND_SEQUENCES,
+}
 
 
 def main() -> None:
