@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo bench bench-prioritized lint venv clean test-compat bench-peers
+.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ $(VENV)/.installed-bench: setup.py $(STAMP)
 
 bench-prioritized: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.prioritized
+
+bench-windows: $(STAMP)
+	$(PY) -m benchmarks.windows --markdown
 # The compatibility lane: its own venv (TF 2.15.1, TF-Agents 0.19.0 and their pins), built once and reused.
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
