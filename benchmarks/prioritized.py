@@ -124,7 +124,7 @@ def _tf_sample(buffer: Any) -> timing.Bench:
 
 
 def _tf_floor(buffer: Any) -> timing.Bench:
-    leaves = [v for v in buffer.variables if v.shape.rank and v.shape[0] == SEGMENTS * LENGTH]
+    leaves = [v for v in buffer.variables() if v.shape.rank and v.shape[0] == SEGMENTS * LENGTH]
     rows = lambda: tf.random.uniform([SAMPLE], 0, SEGMENTS * LENGTH, tf.int64)  # noqa: E731
     return graph_loop(lambda: [tf.gather(v, rows()) for v in leaves])
 
