@@ -46,6 +46,8 @@ SPEC = Transition(
 )
 ROWS = {"tf": TFUniformReplayBuffer, "py": PyUniformReplayBuffer}
 FRAMES = {"tf": TFFrameReplayBuffer, "py": PyFrameReplayBuffer}
+PRIORITIZED = {"tf": TFPrioritizedReplayBuffer, "py": PyPrioritizedReplayBuffer}
+PRIORITIZED_FRAMES = {"tf": TFPrioritizedFrameReplayBuffer, "py": PyPrioritizedFrameReplayBuffer}
 MODES = ("eager", "function", "dataset")
 
 
@@ -91,8 +93,8 @@ def transition_batch(streams: list, t: int) -> Transition:
     )
 
 
-def fill_rows(kind: str, streams: list, max_length: int, seed: int = 0, **kwargs):
-    rb = ROWS[kind](SPEC, batch_size=len(streams), max_length=max_length, seed=seed, **kwargs)
+def fill_rows(kind: str, streams: list, max_length: int, seed: int = 0, classes: dict = ROWS, **kwargs):
+    rb = classes[kind](SPEC, batch_size=len(streams), max_length=max_length, seed=seed, **kwargs)
     for t in range(len(streams[0]["first"])):
         rb.add_batch(transition_batch(streams, t))
     return rb
@@ -300,27 +302,25 @@ def test_a_stored_recurrent_state_is_read_like_any_field(kind):
     assert ((t % 6) <= 3).all(), "a strict sequence of 3 never crosses an episode start"
 
 
+def filled(kind: str, rng, seed: int, rows: dict, frames: dict, **kwargs):
+    """`(buffer, model)`: 30 steps of two random streams written into a ring of 14 rows (history 2 for frames)."""
+    twin, storage = kind.split("-")
+    if storage == "rows":
+        streams = [episode_stream(rng, 30, max_episode=5) for _ in range(2)]
+        return fill_rows(twin, streams, 14, seed, rows, **kwargs), Model(streams, 14)
+    streams = [make_stream(rng, s, 30) for s in range(2)]
+    rb = frames[twin](frame_data_spec(FRAME), batch_size=2, max_length=14, history_len=2, seed=seed, **kwargs)
+    for i in range(30):
+        rb.add_batch(row(streams, i))
+    return rb, Model(streams, 14, frames=Reference(streams, 14, 2))
+
+
 @pytest.mark.parametrize("kind", ["tf-rows", "py-rows", "tf-frames", "py-frames"])
 def test_padded_window_starts_are_uniform(kind):
     # Any seed: each start's count is binomial; the chi-square p-value is below 1e-6 with probability 1e-6.
     rng = np.random.default_rng()
     seed = int(rng.integers(2**31))
-    twin, storage = kind.split("-")
-    if storage == "rows":
-        streams = [episode_stream(rng, 30, max_episode=5) for _ in range(2)]
-        rb, model = fill_rows(twin, streams, max_length=14, seed=seed), Model(streams, 14)
-    else:
-        streams = [make_stream(rng, s, 30) for s in range(2)]
-        spec = frame_data_spec(FRAME)
-        cls = FRAMES[twin]
-        rb = (
-            cls(spec, 2, 14, history_len=2, seed=seed)
-            if twin == "tf"
-            else cls(spec, batch_size=2, max_length=14, history_len=2, seed=seed)
-        )
-        for i in range(30):
-            rb.add_batch(row(streams, i))
-        model = Model(streams, 14, frames=Reference(streams, 14, 2))
+    rb, model = filled(kind, rng, seed, ROWS, FRAMES)
     starts = sorted(model.starts(4, padded=True))
     assert len(starts) >= 5
     ids = np.concatenate([draw(rb, "eager", 2000, Sequences(4, pad=True))[1] for _ in range(5)])
@@ -483,21 +483,8 @@ def test_prioritized_padded_windows_are_drawn_in_proportion_to_priority(kind):
     # Any seed: each start's count is binomial; the chi-square p-value is below 1e-6 with probability 1e-6.
     rng = np.random.default_rng()
     seed = int(rng.integers(2**31))
-    twin, storage = kind.split("-")
-    if storage == "rows":
-        streams = [episode_stream(rng, 30, max_episode=5) for _ in range(2)]
-        cls = TFPrioritizedReplayBuffer if twin == "tf" else PyPrioritizedReplayBuffer
-        rb = cls(SPEC, batch_size=2, max_length=14, alpha=1.0, seed=seed)
-        for t in range(30):
-            rb.add_batch(transition_batch(streams, t))
-        model, transform = Model(streams, 14), NStepReturns(3, GAMMA)
-    else:
-        streams = [make_stream(rng, s, 30) for s in range(2)]
-        cls = TFPrioritizedFrameReplayBuffer if twin == "tf" else PyPrioritizedFrameReplayBuffer
-        rb = cls(frame_data_spec(FRAME), batch_size=2, max_length=14, history_len=2, alpha=1.0, seed=seed)
-        for i in range(30):
-            rb.add_batch(row(streams, i))
-        model, transform = Model(streams, 14, frames=Reference(streams, 14, 2)), Sequences(3, pad=True)
+    rb, model = filled(kind, rng, seed, PRIORITIZED, PRIORITIZED_FRAMES, alpha=1.0)
+    transform = NStepReturns(3, GAMMA) if kind.endswith("rows") else Sequences(3, pad=True)
     live = np.array([t * 2 + s for s in range(2) for t in range(model.oldest, model.newest + 1)])
     priority = dict(zip(live.tolist(), rng.uniform(0.2, 2.0, size=len(live)) * (rng.random(len(live)) > 0.2)))
     rb.update_priorities(live, np.array([priority[i] for i in live.tolist()]))
