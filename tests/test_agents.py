@@ -51,10 +51,14 @@ def linear_q_network(matrix):
     return model
 
 
-def test_the_loss_is_huber_of_the_double_dqn_td_error():
-    # Q(s) = s @ W: with observations one-hot, Q-values are rows of W.
+def weighted_case(learning_rate: float = 0.1):
+    """Two rows, gamma 0.5, observations one-hot (Q(s) = s @ W, so Q-values are rows of W): TD errors 14 and -1.
+
+    Row 0: s' = e1, online picks argmax [3, 0.5] = 0, target values it 30: y = 1 + 0.5 * 30 = 16; Q(s, 1) = 2.
+    Row 1: terminated, y = 2; Q(s, 0) = 3.
+    """
     online = linear_q_network([[1.0, 2.0], [3.0, 0.5]])
-    agent = DqnAgent(tf.TensorSpec((2,), tf.float32), 2, online, tf_keras.optimizers.SGD(0.0), gamma=0.5)
+    agent = DqnAgent(tf.TensorSpec((2,), tf.float32), 2, online, tf_keras.optimizers.SGD(learning_rate), gamma=0.5)
     agent.target_q_network.set_weights([np.array([[10.0, 20.0], [30.0, 40.0]], np.float32)])
     eye = np.eye(2, dtype=np.float32)
     items = {
@@ -64,28 +68,14 @@ def test_the_loss_is_huber_of_the_double_dqn_td_error():
         "discount": np.array([1.0, 0.0], np.float32),
         "next_observation": eye[::-1].copy(),
     }
-    # Row 0: s' = e1, online picks argmax [3, 0.5] = 0, target values it 30: y = 1 + 0.5 * 30 = 16; Q(s, 1) = 2.
-    # Row 1: terminated, y = 2; Q(s, 0) = 3.
-    errors = np.array([16.0 - 2.0, 2.0 - 3.0])
+    return agent, items, np.array([16.0 - 2.0, 2.0 - 3.0])
+
+
+def test_the_loss_is_huber_of_the_double_dqn_td_error():
+    agent, items, errors = weighted_case(learning_rate=0.0)
     expected = np.mean(np.where(np.abs(errors) <= 1, 0.5 * errors**2, np.abs(errors) - 0.5))
     np.testing.assert_allclose(float(agent.train(items).loss), expected, rtol=1e-6)
     np.testing.assert_allclose(huber_loss(tf.constant(errors)).numpy().mean(), expected, rtol=1e-6)
-
-
-def weighted_case():
-    """The two-row case above, gamma 0.5: TD errors 14 and -1."""
-    online = linear_q_network([[1.0, 2.0], [3.0, 0.5]])
-    agent = DqnAgent(tf.TensorSpec((2,), tf.float32), 2, online, tf_keras.optimizers.SGD(0.1), gamma=0.5)
-    agent.target_q_network.set_weights([np.array([[10.0, 20.0], [30.0, 40.0]], np.float32)])
-    eye = np.eye(2, dtype=np.float32)
-    items = {
-        "observation": eye,
-        "action": np.array([1, 0]),
-        "reward": np.array([1.0, 2.0], np.float32),
-        "discount": np.array([1.0, 0.0], np.float32),
-        "next_observation": eye[::-1].copy(),
-    }
-    return agent, items, np.array([14.0, -1.0])
 
 
 def test_importance_weights_scale_each_samples_loss_and_td_errors_come_back_per_sample():
