@@ -354,15 +354,17 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             out = out | f
         return out
 
-    def _sample_plan(self, size: int, num_steps: int | None, transform: Any = None) -> tuple[Any, Any, Any, Any]:
+    def _sample_plan(
+        self, size: int, num_steps: int | None, transform: Any = None, view: View | None = None
+    ) -> tuple[Any, Any, Any, Any]:
         """Under the lock: `(read plan, ids, probabilities, count)` of `size` windows.
 
         With a transform the windows are its own (`num_steps` items, strict or
         padded), the plan carries their `[size, num_steps]` mask and the ids are
-        each window's first item's.
+        each window's first item's. `view`: the state to draw from (default: read now).
         """
         ops = self._ops
-        view = self._view(transform)
+        view = self._view(transform) if view is None else view
         n = num_steps if transform is None else int(transform.num_steps)
         segment, t, probs, count = self._sampler.sample(view, size, n)
         step_rows, ids = ring.window_rows(segment, t, n, self._max_length, self._num_segments, ops)

@@ -1,11 +1,17 @@
 """The TF twin: a composed buffer in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
 
-Reads and writes run in one `tf.CriticalSection`, so concurrent writers and
-samplers never see a torn item (XLA has no mutex: under `jit_compile` the
-caller must not race; XLA cannot raise either, so there an empty buffer's
-samples carry probability 0). Eager calls go through concrete functions
-traced once per shape. Draws through the episode index are compiled with
-XLA; frames are stacked by the native kernel on CPU (`tfreplay.native`).
+Writes run in one `tf.CriticalSection`. A sample reads its rows outside it
+(a versioned read): the draw takes the ring's state (under the lock, or for
+plain uniform ring windows from one atomic read of the counters, with no lock
+at all), the rows are gathered unlocked, and two write counters read before
+the draw and after the gather tell whether a writer may have overwritten a
+row meanwhile; only then is the sample drawn again, under the lock. So
+concurrent writers and samplers never see a torn item, and samplers copy rows
+in parallel. (XLA has no mutex: under `jit_compile` the caller must not race;
+XLA cannot raise either, so there an empty buffer's samples carry probability
+0.) Eager calls go through concrete functions traced once per shape. Draws
+through the episode index are compiled with XLA; frames are stacked by the
+native kernel on CPU (`tfreplay.native`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
 from tfreplay.core.gate import Gate
 from tfreplay.core.ops import TF_OPS
+from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
 
 try:  # XLA has no mutex op: inside jit_compile the critical section is skipped.
@@ -30,6 +37,13 @@ except ImportError:  # pragma: no cover
 
     def _in_xla_graph(graph: Any) -> bool:
         return False
+
+
+class Untracked:
+    """Holds a value out of sight of `tf.Module` and checkpoint tracking (state that is not saved)."""
+
+    def __init__(self, value: Any):
+        self.value = value
 
 
 class EagerFunctions:
@@ -156,8 +170,9 @@ class TFBuffer(ComposedBuffer):
         return self._scope
 
     def variables(self) -> tuple:
-        """Every variable of the buffer, the random generator's state included (what a v1 graph initializes)."""
-        return super().variables() + (self._rng.state,)
+        """Every variable of the buffer, the random generator's state and the write counters included
+        (what a v1 graph initializes; the counters are not checkpointed)."""
+        return super().variables() + (self._rng.state, self._started.value, self._finished.value)
 
     def _init_state(self) -> None:
         self._state: dict = {}
@@ -171,6 +186,12 @@ class TFBuffer(ComposedBuffer):
         self._lock = tf.CriticalSection(name="lock", shared_name=f"tfreplay_lock_{uuid.uuid4().hex}")
         self._eager = EagerFunctions()
         self._native_stacks = True  # off: frames are stacked by XLA (tests compare both)
+        # Items writers started and finished per segment since the buffer was made: a sample read outside the
+        # lock checks them (see `_sample`). Not checkpoint state: only their changes matter.
+        with tf.device(self._device), tf.name_scope(self._scope):
+            zeros = tf.zeros([self._num_segments], tf.int64)
+            self._started = Untracked(tf.Variable(zeros, trainable=False, name="index/writes_started"))
+            self._finished = Untracked(tf.Variable(zeros, trainable=False, name="index/writes_finished"))
 
     def _make(self, name: str, shape: list, dtype: tf.DType) -> tf.Variable:
         with tf.device(self._device), tf.name_scope(self._scope):
@@ -224,7 +245,7 @@ class TFBuffer(ComposedBuffer):
 
     def _write(self, leaves: list) -> tf.Tensor:
         with tf.device(self._device), tf.name_scope(self._scope):
-            return self._exclusive(lambda: self._write_locked(leaves, 1))
+            return locked_call(self._lock, lambda: self._write_locked(leaves, 1))  # always traced
 
     def _get_next(
         self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
@@ -252,16 +273,72 @@ class TFBuffer(ComposedBuffer):
         """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
         size = 1 if sample_batch_size is None else sample_batch_size
         with tf.device(self._device), tf.name_scope(self._scope):
-            items, ids, probs, count = self._locked_sample(size, num_steps, transform)
+            items, ids, probs, count = self._sample(size, num_steps, transform)
         items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True, transform)
         return items, info, count
 
+    def _sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
+        """`(items, ids, probabilities, count)`: a versioned read, drawn again under the lock if it may be torn.
+
+        Writers count the items they start and finish per segment. The draw
+        reads the finished count first; after the gather, started minus that
+        count covers every item written meanwhile, or still being written when
+        the draw read the ring: they land at the ring positions just after the
+        draw's `num_adds`. A sample none of whose rows lies there is whole. (A
+        clear counts as `max_length` items: every row.)
+        """
+        if under_xla():  # no lock and no concurrency
+            return self._read_sample(size, num_steps, transform)
+        finished = self._finished.value.read_value()
+        with tf.control_dependencies([finished]):
+            plan, ids, probs, count, num_adds = self._draw_plan(size, num_steps, transform)
+        limit = finished + self._slack(plan, num_adds)  # computed while the rows are gathered
+        items = self._read_planned(plan, num_steps, transform)
+        with tf.control_dependencies(tf.nest.flatten(items)):
+            started = self._started.value.read_value()
+        return tf.cond(
+            tf.reduce_any(started > limit),
+            lambda: self._locked_sample(size, num_steps, transform),
+            lambda: (items, ids, probs, count),
+        )
+
+    def _draw_plan(self, size: int, num_steps: int | None, transform: Any) -> tuple:
+        """`(read plan, ids, probabilities, count, num_adds)`: the draw and the ring state it saw.
+
+        Plain uniform ring windows read nothing but `num_adds` (one atomic
+        read, published by writers after their rows) and the generator: no
+        lock. Other draws read several variables, under the lock; through the
+        episode index the draw is compiled with XLA.
+        """
+
+        def draw() -> tuple:
+            view = self._view(transform)
+            return (*self._sample_plan(size, num_steps, transform, view), view.num_adds)
+
+        if self._windows(transform)[0] is None:
+            if type(self._sampler) is UniformSampler:
+                return draw()
+            return locked_call(self._lock, draw)
+        compiled = self._eager.get(f"plan/{size}/{num_steps}/{transform!r}", draw, jit_compile=True)
+        return locked_call(self._lock, compiled)
+
+    def _slack(self, plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
+        """Per segment, how many items may be written after `num_adds` before one overwrites a row of `plan`
+        (the `k`-th new item lands at ring position `num_adds + k`); `max_length` where `plan` reads none."""
+        rows = [tf.reshape(tf.cast(r, tf.int64), [-1]) for r in tf.nest.flatten(plan) if r.dtype.is_integer]
+        rows = rows[0] if len(rows) == 1 else tf.concat(rows, 0)
+        n, length = self._num_segments, self._max_length
+        segment = rows % n
+        ahead = (rows // n - tf.gather(num_adds, segment)) % length
+        ahead = tf.where(rows < self._capacity, ahead, length)  # a frame buffer's zero row is never written
+        return tf.minimum(tf.math.unsorted_segment_min(ahead, segment, n), length)
+
     def _locked_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
-        """Ring windows: one graph under the lock. Through the episode index: an XLA-compiled draw, then the read."""
-        if self._windows(transform)[0] is None or under_xla():
-            return self._exclusive(lambda: self._read_sample(size, num_steps, transform))
+        """The draw and the read under the lock (ring windows), or an XLA-compiled draw and the read."""
+        if self._windows(transform)[0] is None:
+            return locked_call(self._lock, lambda: self._read_sample(size, num_steps, transform))
         plan = self._eager.get(
-            f"plan/{size}/{num_steps}/{transform!r}",
+            f"plan/{size}/{num_steps}/{transform!r}/locked",
             lambda: self._sample_plan(size, num_steps, transform),
             jit_compile=True,
         )
@@ -271,6 +348,25 @@ class TFBuffer(ComposedBuffer):
             return self._read_planned(read_plan, num_steps, transform), ids, probs, count
 
         return locked_call(self._lock, call)
+
+    def _write_locked(self, leaves: list, num_new: int, segments: Any = None) -> Any:
+        return self._overwriting(lambda: super(TFBuffer, self)._write_locked(leaves, num_new, segments), num_new)
+
+    def _clear_locked(self) -> Any:
+        return self._overwriting(super()._clear_locked)
+
+    def _overwriting(self, fn: Callable[[], Any], num_new: int | None = None) -> Any:
+        """`fn()`, a change of stored rows (under the lock), between the write counters' two steps.
+
+        `num_new` items per segment; None: every row (a clear)."""
+        step = tf.constant([self._max_length if num_new is None else num_new] * self._num_segments, tf.int64)
+        started = self._started.value.assign_add(step, read_value=False)
+        with tf.control_dependencies([started]):
+            out = fn()
+        with tf.control_dependencies(tf.nest.flatten(out)):
+            finished = self._finished.value.assign_add(step, read_value=False)
+        with tf.control_dependencies([finished]):
+            return tf.nest.map_structure(tf.identity, out)
 
     def _update_priorities(self, ids: Any, priorities: Any) -> Any:
         ids = tf.convert_to_tensor(ids, tf.int64)

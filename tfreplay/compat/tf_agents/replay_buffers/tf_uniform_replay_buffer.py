@@ -145,7 +145,7 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
             with tf.control_dependencies(zeroed):
                 return self._clear_locked()
 
-        return self._exclusive(clear_all)
+        return self._exclusive(lambda: self._overwriting(clear_all))  # samples read rows unlocked: tell them
 
 
 replay_buffer.ReplayBuffer.register(TFUniformReplayBuffer)
