@@ -114,6 +114,42 @@ def test_concurrent_writers_with_wrap_around_never_tear_items(kind):
     assert set(seen.tolist()) <= set(range(WRITERS * ADDS_PER_WRITER * ROWS)) | set(PREFILL[:ROWS].tolist())
 
 
+@pytest.mark.slow
+def test_tf_samples_read_outside_the_lock_show_the_items_their_ids_name_while_a_writer_wraps_around():
+    """A TF sample reads its rows unlocked; one that a write may have overwritten meanwhile is drawn again.
+
+    One writer adds payload == global id, so a whole sample's payloads equal its ids exactly: a row
+    overwritten during the read shows the newer item (its id plus the capacity)."""
+    rb = make_buffer("tf", max_length=3)
+    for k in range(2):
+        rb.add_batch(make_items(k * ROWS + np.arange(ROWS)))
+    done = threading.Event()
+    samples = []
+
+    def write():
+        for k in range(2, 400):
+            rb.add_batch(make_items(k * ROWS + np.arange(ROWS)))
+        done.set()
+
+    def reader(draw):
+        def read():
+            while not done.is_set():
+                items, info = draw()
+                samples.append((np.asarray(info.ids), decode(items)))
+
+        return read
+
+    in_graph = tf.function(lambda: rb.get_next(64, num_steps=2))
+    iterator = iter(rb.as_dataset(64, num_steps=2, num_parallel_calls=4))
+    draws = [lambda: rb.get_next(64, num_steps=2), in_graph, iterator.__next__, lambda: rb.get_next(64)]
+    for draw in draws:
+        draw()  # traced before the writer starts
+    run_threads([write] + [reader(draw) for draw in draws])
+    assert len(samples) >= 20
+    for ids, payloads in samples:
+        np.testing.assert_array_equal(payloads, ids)
+
+
 # The TF buffers' lock: released on every path, never left to the garbage collector.
 
 _lock_names = itertools.count()
