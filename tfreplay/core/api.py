@@ -188,10 +188,15 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         num_parallel_calls: int | None,
         transform: Any = None,
     ) -> tf.data.Dataset:
-        """Fresh samples, one drawn per element, each once the rate limiter admits it; endless until `close()`."""
+        """Fresh samples, one drawn per element, each once the rate limiter admits it; endless until `close()`.
+
+        Parallel draws are delivered as they finish (`deterministic=False`): elements are independent
+        draws, and which call gets which draw was never ordered, so in-order delivery would only make
+        each element wait for the slowest call before it."""
         return self._gate.ticks(counter_dataset(), sample_batch_size or 1).map(
             lambda _: self._sample_tensors(sample_batch_size, num_steps, transform),
             num_parallel_calls=num_parallel_calls,
+            deterministic=None if num_parallel_calls is None else False,
         )
 
     def gather_all(self) -> Nest:
