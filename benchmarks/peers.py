@@ -1,7 +1,8 @@
 """tfreplay beside its peers, one process: TF-Agents' TF and Py buffers, cpprb and dm-reverb.
 
 Run in the compatibility venv (TF 2.15, TF-Agents 0.19): `make bench-peers`,
-or `python -m benchmarks.peers [--quick] [--repeats N] [--block S] [--workload cartpole|atari|all]`.
+or `python -m benchmarks.peers [--quick] [--repeats N] [--block S] [--workload cartpole|atari|all]
+[--only OP/MODE ...]` (e.g. `--only get_next/in-graph as_dataset/TF`: those groups only).
 A library that does not import is skipped with its reason.
 
 Workloads (`workloads.py`): CartPole (16 envs x 4,096 rows, samples of 256
@@ -301,6 +302,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block", type=float, default=0.1)
     parser.add_argument("--quick", action="store_true", help="1,024-row segments, 3 repeats")
+    parser.add_argument("--only", nargs="+", metavar="OP/MODE", help="time only these groups, e.g. get_next/in-graph")
     args = parser.parse_args()
     chosen = [w for w in (CARTPOLE, ATARI) if args.workload in ("all", w.name)]
     if args.quick:
@@ -318,7 +320,8 @@ def main() -> None:
         s = cases.setup(w)
         peers = build_peers(w, s, skipped)
         gc.freeze()
-        results += time_rows(rows(w, s, peers), s, args.repeats, args.block)
+        chosen_rows = [r for r in rows(w, s, peers) if not args.only or f"{r.op}/{r.mode}" in args.only]
+        results += time_rows(chosen_rows, s, args.repeats, args.block)
         del s, peers
         gc.unfreeze()
         gc.collect()

@@ -115,11 +115,13 @@ def test_concurrent_writers_with_wrap_around_never_tear_items(kind):
 
 
 @pytest.mark.slow
-def test_tf_samples_read_outside_the_lock_show_the_items_their_ids_name_while_a_writer_wraps_around():
-    """A TF sample reads its rows unlocked; one that a write may have overwritten meanwhile is drawn again.
+@pytest.mark.parametrize("size", [64, 4096], ids=["small", "large"])
+def test_tf_samples_show_the_items_their_ids_name_while_a_writer_wraps_around(size):
+    """A large TF sample reads its rows unlocked; one that a write may have overwritten meanwhile is drawn again.
 
     One writer adds payload == global id, so a whole sample's payloads equal its ids exactly: a row
-    overwritten during the read shows the newer item (its id plus the capacity)."""
+    overwritten during the read shows the newer item (its id plus the capacity). 4,096 windows of two
+    items are over 256 KiB (`twin_tf.UNLOCKED_READ_BYTES`): read outside the lock; 64 are read inside."""
     rb = make_buffer("tf", max_length=3)
     for k in range(2):
         rb.add_batch(make_items(k * ROWS + np.arange(ROWS)))
@@ -139,9 +141,9 @@ def test_tf_samples_read_outside_the_lock_show_the_items_their_ids_name_while_a_
 
         return read
 
-    in_graph = tf.function(lambda: rb.get_next(64, num_steps=2))
-    iterator = iter(rb.as_dataset(64, num_steps=2, num_parallel_calls=4))
-    draws = [lambda: rb.get_next(64, num_steps=2), in_graph, iterator.__next__, lambda: rb.get_next(64)]
+    in_graph = tf.function(lambda: rb.get_next(size, num_steps=2))
+    iterator = iter(rb.as_dataset(size, num_steps=2, num_parallel_calls=4))
+    draws = [lambda: rb.get_next(size, num_steps=2), in_graph, iterator.__next__, lambda: rb.get_next(2 * size)]
     for draw in draws:
         draw()  # traced before the writer starts
     run_threads([write] + [reader(draw) for draw in draws])

@@ -1,13 +1,14 @@
 """The TF twin: a composed buffer in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
 
-Writes run in one `tf.CriticalSection`. A sample reads its rows outside it
-(a versioned read): the draw takes the ring's state (under the lock, or for
-plain uniform ring windows from one atomic read of the counters, with no lock
+Writes run in one `tf.CriticalSection`. A small sample is drawn and read
+inside it. A large one (`UNLOCKED_READ_BYTES`) reads its rows outside it (a
+versioned read): the draw takes the ring's state (under the lock, or for
+plain uniform ring windows from one atomic read of `num_adds`, with no lock
 at all), the rows are gathered unlocked, and two write counters read before
 the draw and after the gather tell whether a writer may have overwritten a
 row meanwhile; only then is the sample drawn again, under the lock. So
-concurrent writers and samplers never see a torn item, and samplers copy rows
-in parallel. (XLA has no mutex: under `jit_compile` the caller must not race;
+concurrent writers and samplers never see a torn item, and samplers copy
+large samples in parallel. (XLA has no mutex: under `jit_compile` the caller must not race;
 XLA cannot raise either, so there an empty buffer's samples carry probability
 0.) Eager calls go through concrete functions traced once per shape. Draws
 through the episode index are compiled with XLA; frames are stacked by the
@@ -30,6 +31,7 @@ from tfreplay.core.gate import Gate
 from tfreplay.core.ops import TF_OPS
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
+from tfreplay.core.storage import spec_nbytes
 
 try:  # XLA has no mutex op: inside jit_compile the critical section is skipped.
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
@@ -37,6 +39,11 @@ except ImportError:  # pragma: no cover
 
     def _in_xla_graph(graph: Any) -> bool:
         return False
+
+
+# Samples of at least this many bytes copy their rows outside the lock (see `TFBuffer._sample`): there the copy
+# costs more than the overwrite check and its fallback branch, and parallel samplers copy side by side.
+UNLOCKED_READ_BYTES = 1 << 18
 
 
 class Untracked:
@@ -272,8 +279,11 @@ class TFBuffer(ComposedBuffer):
     def _unchecked_sample(self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None) -> tuple:
         """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
         size = 1 if sample_batch_size is None else sample_batch_size
+        n = (num_steps or 1) if transform is None else transform.num_steps
+        unlocked = size * n * spec_nbytes(self._storage.item_spec) >= UNLOCKED_READ_BYTES
         with tf.device(self._device), tf.name_scope(self._scope):
-            items, ids, probs, count = self._sample(size, num_steps, transform)
+            sample = self._sample if unlocked else self._locked_sample
+            items, ids, probs, count = sample(size, num_steps, transform)
         items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True, transform)
         return items, info, count
 
@@ -335,7 +345,7 @@ class TFBuffer(ComposedBuffer):
 
     def _locked_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
         """The draw and the read under the lock (ring windows), or an XLA-compiled draw and the read."""
-        if self._windows(transform)[0] is None:
+        if self._windows(transform)[0] is None or under_xla():
             return locked_call(self._lock, lambda: self._read_sample(size, num_steps, transform))
         plan = self._eager.get(
             f"plan/{size}/{num_steps}/{transform!r}/locked",
