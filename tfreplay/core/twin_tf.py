@@ -216,11 +216,29 @@ class TFBuffer(ComposedBuffer):
     def _exclusive(self, fn: Callable[[], Any]) -> Any:
         return tf_exclusive(self._lock, fn)
 
+    # The generator's own draws as one op each: `Generator.uniform` spends eight ops (read-and-skip, then a
+    # stateless draw) on the same numbers and the same state update. XLA's kernels of these ops draw other
+    # numbers, so there `Generator.uniform` keeps compiled and eager samples equal.
     def _draw(self, shape: list, total: Any) -> tf.Tensor:
-        return self._rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
+        if under_xla():
+            return self._rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
+        return tf.raw_ops.StatefulUniformInt(
+            resource=self._rng.state.handle,
+            algorithm=tf.constant(self._rng.algorithm, tf.int64),
+            shape=shape,
+            minval=tf.constant(0, tf.int64),
+            maxval=tf.maximum(tf.cast(total, tf.int64), 1),
+        )
 
     def _uniform(self, shape: list) -> tf.Tensor:
-        return self._rng.uniform(shape, dtype=tf.float64)
+        if under_xla():
+            return self._rng.uniform(shape, dtype=tf.float64)
+        return tf.raw_ops.StatefulUniform(
+            resource=self._rng.state.handle,
+            algorithm=tf.constant(self._rng.algorithm, tf.int64),
+            shape=shape,
+            dtype=tf.float64,
+        )
 
     def _check(self, ok: Any, value: Any, message: str) -> Any:
         if under_xla():  # no assertions in XLA: a refused sample carries zeros (ids) and probability 0
