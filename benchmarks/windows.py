@@ -1,6 +1,7 @@
 """Transforms over windows (issue 9): sequences' cost against capacity, n-step against a plain window.
 
-Run: `python -m benchmarks.windows [--repeats N] [--block SECONDS] [--markdown]` (a few minutes).
+Run: `python -m benchmarks.windows [--repeats N] [--block SECONDS] [--only {sequences,n-step}] [--markdown]`
+(a few minutes; `--only` runs one of the two tables).
 
 Buffers: the drivers' `Transition` of CartPole (`observation`/`next_observation`
 f32[4], `action` i64, `reward`, `discount` f32, `step_type` i32, `terminated`,
@@ -148,11 +149,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block", type=float, default=0.2)
+    parser.add_argument("--only", choices=["sequences", "n-step"], help="run only these rows")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
-    rows = sequence_rows(args.repeats, args.block, [10_000, 100_000, 1_000_000])
-    rows += n_step_rows(args.repeats, args.block, 100_000)
+    rows = []
+    if args.only != "n-step":
+        rows += sequence_rows(args.repeats, args.block, [10_000, 100_000, 1_000_000])
+    if args.only != "sequences":
+        rows += n_step_rows(args.repeats, args.block, 100_000)
     head = ["case", "capacity", "µs", "baseline µs", "ratio", "noise", "target", "met?"]
     body = []
     for case, capacity, ours, theirs, target in rows:

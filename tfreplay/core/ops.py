@@ -26,6 +26,14 @@ def _np_scatter(array: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None
         array[rows] = values
 
 
+def _np_gather(x: np.ndarray, i: Any) -> np.ndarray:
+    # A `[B, T]` index laid out time-major (a transposed view) reads time-major as well: NumPy is slow to
+    # broadcast or reduce over a short innermost axis.
+    if getattr(i, "ndim", 0) == 2 and i.flags.f_contiguous and not i.flags.c_contiguous:
+        return x.take(i.T, axis=0).swapaxes(0, 1)
+    return x.take(i, axis=0)
+
+
 def _np_assign(array: np.ndarray, value: Any) -> None:
     array[...] = value
 
@@ -62,7 +70,7 @@ NUMPY_OPS = types.SimpleNamespace(
     arange=lambda n: np.arange(n, dtype=np.int64),
     unstack=lambda x, axis: tuple(np.moveaxis(x, axis, 0)),
     probability=lambda shape, total: np.full(shape, 1.0 / total if total else 0.0, np.float32),
-    gather=lambda x, i: x.take(i, axis=0),
+    gather=_np_gather,
     where=np.where,
     cumsum=np.cumsum,
     cummax0=lambda x: np.maximum.accumulate(x, axis=0),
@@ -78,6 +86,7 @@ NUMPY_OPS = types.SimpleNamespace(
     to_float64=lambda x: np.asarray(x, np.float64),
     max=np.max,
     reshape=np.reshape,
+    transpose=np.transpose,
     zeros_like=np.zeros_like,
     ones_like=np.ones_like,
     flatnonzero=lambda x: np.flatnonzero(x).astype(np.int64),
@@ -114,6 +123,7 @@ TF_OPS = types.SimpleNamespace(
     to_float64=lambda x: tf.cast(x, tf.float64),
     max=tf.reduce_max,
     reshape=tf.reshape,
+    transpose=tf.transpose,
     zeros_like=tf.zeros_like,
     ones_like=tf.ones_like,
     flatnonzero=lambda x: tf.where(x)[:, 0],

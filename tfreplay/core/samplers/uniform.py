@@ -59,7 +59,7 @@ class UniformSampler:
         window, pos_at = view.window, view.pos_at
         if not view.padded:
             return window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, n, ops)
-        young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ended, ops)
+        young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ends_at, ops)
         if window.lead == 0 and window.history == 0:
             _, counts = window.draw_range(view.num_adds, view.max_length, 1, ops)
             return ops.sum(ops.maximum(counts - young, 0))
@@ -76,14 +76,17 @@ class UniformSampler:
             return draws // per, min_id + draws % per, ops.probability([size], count), count
         assert view.pos_at is not None  # a window goes with the episode index
         window, pos_at = view.window, view.pos_at
-        start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
         if view.padded:  # single items, less each segment's newest that cannot start a padded window
-            young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ended, ops)
-            counts = ops.maximum(counts - young, 0)
-            if window.lead == 0 and window.history == 0:  # rows: every item in range starts a window
+            young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ends_at, ops)
+            if window.lead == 0 and window.history == 0:  # rows: every live item but the young starts a window
+                min_id, num_live = ring.live_range(view.num_adds, view.max_length, ops)
+                counts = num_live - young
                 count = ops.sum(counts)
                 seg, offset = ring.locate(view.draw([size], count), counts, ops)
-                return seg, ops.gather(start, seg) + offset, ops.probability([size], count), count
+                return seg, ops.gather(min_id, seg) + offset, ops.probability([size], count), count
+        start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
+        if view.padded:
+            counts = ops.maximum(counts - young, 0)
             count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, 1, ops) - ops.sum(young)
             last = view.num_adds - 1 - young  # the newest start drawable in each segment
         else:
