@@ -378,21 +378,21 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if transform is None:
             step_rows, ids = ring.window_rows(segment, t, n, *layout, ops)
             return self._storage.plan(segment, t, step_rows, n, pos_at, ops), ids, probs, count
-        # Index math time-major (`[n, B]`), windows shown `[B, n]` (a transposed view in NumPy, whose
-        # operations over a short innermost axis are slow).
-        rows, ids = ring.local_to_rows(t[None, :] + ops.arange(n)[:, None], segment[None, :], *layout)
-        step_rows = ops.transpose(rows)
+        # `[B, n]` laid out time-major (a transposed view in NumPy, which broadcasts and reduces slowly over a
+        # short innermost axis; elementwise results keep the layout).
+        local = ops.transpose(t[None, :] + ops.arange(n)[:, None])
+        step_rows, ids = ring.local_to_rows(local, segment[:, None], *layout)
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
         if view.padded:
-            mask = episodes.window_mask(segment, t, rows, view.num_adds, view.pos_at, ops)
+            mask = episodes.window_mask(segment, t, step_rows, view.num_adds, view.pos_at, ops)
         else:
             mask = ops.ones_like(step_rows) > 0
         if not self._steps_of(transform):
-            return (plan, mask), ids[0], probs, count
+            return (plan, mask), ids[:, 0], probs, count
         # Each window's last real step, and the rows of its first and last: fields read there alone.
         last = ops.sum(ops.to_int64(mask), 1) - 1
         last_rows = ring.local_to_rows(t + last, segment, *layout)[0]
-        return (plan, mask, last, rows[0], last_rows), ids[0], probs, count
+        return (plan, mask, last, step_rows[:, 0], last_rows), ids[:, 0], probs, count
 
     def _read_planned(self, plan: Any, num_steps: int | None, transform: Any = None) -> Any:
         """The bulk read of a plan: items, or with a transform `(items, mask)`."""

@@ -202,20 +202,20 @@ def young_starts(
     # live range (pos < num_live), else from the first whose history is live; an empty segment has none.
     drawable = ops.where(pos < num_live, pos + (1 - window.lead), num_live - max(window.history, window.lead))
     young = ops.minimum(ops.maximum(drawable, 0), n - 1)
-    return young if ends_at is None else ops.where(ends_at(rows), ops.zeros_like(young), young)
+    return young if ends_at is None else ops.where(~ends_at(rows), young, 0)
 
 
 def window_mask(segment: Any, t: Any, rows: Any, num_adds: Any, pos_at: Callable | None, ops: Any) -> Any:
-    """`[B, n]` bool: which items of the windows at local id `t` are real steps of `t`'s episode.
+    """`[B, n]` bool: which items of the windows at local id `t` (stored at `rows`, `[B, n]`) are real steps of
+    `t`'s episode.
 
-    `rows` are the windows' storage rows, time-major (`[n, B]`). Item `t + k`
-    is real when stored (at most the segment's newest id) and `k` steps
-    further into the episode (`pos` grows by one per step and restarts at 0
-    with each episode).
+    Item `t + k` is real when stored (at most the segment's newest id) and
+    `k` steps further into the episode (`pos` grows by one per step and
+    restarts at 0 with each episode).
     """
-    k = ops.arange(rows.shape[0])[:, None]
-    stored = k < (ops.gather(num_adds, segment) - t)[None, :]
+    k = ops.arange(rows.shape[1])[None, :]
+    stored = k < (ops.gather(num_adds, segment) - t)[:, None]
     if pos_at is None:
-        return ops.transpose(stored)
+        return stored
     pos = pos_at(rows)
-    return ops.transpose(stored & (pos - pos[:1] == k))
+    return stored & (pos - pos[:, :1] == k)

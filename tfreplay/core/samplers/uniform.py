@@ -76,17 +76,14 @@ class UniformSampler:
             return draws // per, min_id + draws % per, ops.probability([size], count), count
         assert view.pos_at is not None  # a window goes with the episode index
         window, pos_at = view.window, view.pos_at
+        start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
         if view.padded:  # single items, less each segment's newest that cannot start a padded window
             young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ends_at, ops)
-            if window.lead == 0 and window.history == 0:  # rows: every live item but the young starts a window
-                min_id, num_live = ring.live_range(view.num_adds, view.max_length, ops)
-                counts = num_live - young
+            counts = ops.maximum(counts - young, 0)
+            if window.lead == 0 and window.history == 0:  # rows: every item in range starts a window
                 count = ops.sum(counts)
                 seg, offset = ring.locate(view.draw([size], count), counts, ops)
-                return seg, ops.gather(min_id, seg) + offset, ops.probability([size], count), count
-        start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
-        if view.padded:
-            counts = ops.maximum(counts - young, 0)
+                return seg, ops.gather(start, seg) + offset, ops.probability([size], count), count
             count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, 1, ops) - ops.sum(young)
             last = view.num_adds - 1 - young  # the newest start drawable in each segment
         else:
