@@ -13,7 +13,6 @@ Layout: `num_segments` segments of `max_length` rows (see `ring.py`);
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Any, Callable
 
@@ -105,7 +104,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             )
         # Windows go through the episode index for frames (a transition needs its history) or on request.
         object.__setattr__(self, "_window", self._storage.window if frames or sampler.within_episodes else None)
-        object.__setattr__(self, "_served", {})  # transform -> its fields' steps, per leaf (checked once)
+        # id(transform) -> (transform, its leaves' steps): transforms checked once (kept, so ids stay theirs).
+        object.__setattr__(self, "_served", {})
         self._num_adds = self._make("index/num_adds", [num_segments], tf.int64)
         if episode_rule is not None:
             self._pos = self._make("index/pos", [self._capacity], tf.int32)
@@ -217,14 +217,12 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 f"{type(self._sampler).__name__} does not draw."
             )
         transform.output_spec(self._storage.item_spec)  # raises on fields it cannot use
-        with contextlib.suppress(TypeError):  # an unhashable transform is checked on every call
-            self._served[transform] = transforms.leaf_steps(transform, self._storage.item_spec)
+        self._served[id(transform)] = (transform, transforms.leaf_steps(transform, self._storage.item_spec))
 
     def _served_steps(self, transform: Any) -> list | None:
         """`transforms.leaf_steps` of a transform served before, else None."""
-        with contextlib.suppress(TypeError):
-            return self._served.get(transform)
-        return None
+        served = self._served.get(id(transform))
+        return served[1] if served is not None and served[0] is transform else None
 
     def _steps_of(self, transform: Any) -> list:
         steps = self._served_steps(transform)
