@@ -382,7 +382,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         step_rows, ids = ring.local_to_rows(local, segment[:, None], *layout)
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
         if view.padded:
-            mask = episodes.window_mask(segment, t, step_rows, view.num_adds, view.pos_at, ops)
+            mask = episodes.window_mask(segment, local, step_rows, view.num_adds, view.pos_at, ops)
         else:
             mask = ops.ones_like(step_rows) > 0
         if not self._steps_of(transform):

@@ -205,17 +205,16 @@ def young_starts(
     return young if ends_at is None else ops.where(~ends_at(rows), young, 0)
 
 
-def window_mask(segment: Any, t: Any, rows: Any, num_adds: Any, pos_at: Callable | None, ops: Any) -> Any:
-    """`[B, n]` bool: which items of the windows at local id `t` (stored at `rows`, `[B, n]`) are real steps of
-    `t`'s episode.
+def window_mask(segment: Any, local: Any, rows: Any, num_adds: Any, pos_at: Callable | None, ops: Any) -> Any:
+    """`[B, n]` bool: which items of windows (local ids `local`, stored at `rows`, both `[B, n]`) are real
+    steps of their first item's episode.
 
     Item `t + k` is real when stored (at most the segment's newest id) and
     `k` steps further into the episode (`pos` grows by one per step and
-    restarts at 0 with each episode).
+    restarts at 0 with each episode). The mask keeps the layout of `local`.
     """
-    k = ops.arange(rows.shape[1])[None, :]
-    stored = k < (ops.gather(num_adds, segment) - t)[:, None]
+    stored = local < ops.gather(num_adds, segment)[:, None]
     if pos_at is None:
         return stored
     pos = pos_at(rows)
-    return stored & (pos - pos[:, :1] == k)
+    return stored & (pos - pos[:, :1] == ops.arange(rows.shape[1])[None, :])
