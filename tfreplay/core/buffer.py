@@ -376,9 +376,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if transform is None:
             step_rows, ids = ring.window_rows(segment, t, n, *layout, ops)
             return self._storage.plan(segment, t, step_rows, n, pos_at, ops), ids, probs, count
-        # `[B, n]` laid out time-major (a transposed view in NumPy, which broadcasts and reduces slowly over a
-        # short innermost axis; elementwise results keep the layout).
-        local = ops.transpose(t[None, :] + ops.arange(n)[:, None])
+        local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
         step_rows, ids = ring.local_to_rows(local, segment[:, None], *layout)
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
         if view.padded:
