@@ -125,7 +125,7 @@ class UniformSampler:
         drawn = candidates()
         if window.counted(n):
             # One read of `pos` for the count's edge rows and the first candidates' ends: XLA on CPU splits
-            # every read of a large array across threads, and the hand-off costs more than the reads.
+            # each gather from an array of 512 KB or more across two threads, a hand-off per read.
             edge = window.edge_rows(view.num_adds, view.max_length, n, ops)
             shape = [int(d) for d in edge.shape]
             pos = pos_at(ops.concat([ops.reshape(edge, [-1]), drawn[3]]))
