@@ -68,6 +68,8 @@ def full_buffer(twin: str, capacity: int):
     else:
         rb = PyUniformReplayBuffer(SPEC, batch_size=SEGMENTS, max_length=length, seed=0)
         arrays = rb._arrays
+        for array in arrays.values():  # written pages: unwritten np.zeros pages all map the one shared zero page
+            array.fill(0)
 
         def put(name, value):
             arrays[name][...] = value
