@@ -301,9 +301,27 @@ def test_native_and_array_op_paths_draw_the_same_and_build_the_same_tree(kind, t
 # --- the sum tree against a model, through every add, update and clear -----------------------
 
 
+def tree_above(leaves: np.ndarray) -> np.ndarray:
+    """A whole tree built from its leaves by the documented layout: a level of `n` nodes is `[n, 2n)`, a node
+    `k` of fanout `f` has children `f * k ...`, 8 per node (2, 4 or 8 at the root), each node their sum added
+    first to last."""
+    tree = np.zeros(2 * len(leaves))
+    tree[len(leaves) :] = leaves
+    n = len(leaves)
+    while n > 1:
+        f = min(n, 8)
+        children = tree[n : 2 * n].reshape(-1, f)
+        sums = children[:, 0]
+        for j in range(1, f):
+            sums = sums + children[:, j]
+        tree[n // f : 2 * n // f] = sums
+        n //= f
+    return tree
+
+
 class SumTreeModel(RuleBasedStateMachine):
     """Each live item's priority in a dict; after every step the checkpointed tree must hold `p ** alpha` of
-    exactly the live items in its leaves and, in every inner node, the sum of its two children."""
+    exactly the live items in its leaves and, in every inner node, the sum of its children."""
 
     KIND = "py"
     _cached: dict = {}
@@ -349,8 +367,7 @@ class SumTreeModel(RuleBasedStateMachine):
     def the_tree_sums_its_live_leaves(self):
         tree = sum_tree_of(self.rb, pathlib.Path(self.dir))
         leaves = len(tree) // 2
-        inner = np.arange(1, leaves)
-        np.testing.assert_array_equal(tree[inner], tree[2 * inner] + tree[2 * inner + 1])
+        np.testing.assert_array_equal(tree, tree_above(tree[leaves:]))
         want = np.zeros(leaves)
         for i, p in self.priority.items():
             want[(i // B % L) * B + i % B] = p**ALPHA
