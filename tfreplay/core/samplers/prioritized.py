@@ -95,10 +95,13 @@ class PrioritizedSampler:
         adds = ops.gather(view.num_adds, segment)
         live = (local >= adds - ops.minimum(adds, length)) & (local < adds)
         rows = ring.local_to_rows(local, segment, length, segments)[0]
-        allowed = live
+        # A bad priority rewrites nothing (in a graph the twin's assertion, which raises, does not order the
+        # writes): every row keeps its value and the largest priority stays.
+        good = ops.all((priorities >= 0) & (priorities < math.inf))
+        allowed = live & good
         if view.window is not None and view.window.lead:  # a row that can never start a window keeps leaf 0
             assert view.pos_at is not None  # a window goes with the episode index
-            allowed = live & (view.pos_at(rows) >= view.window.lead)
+            allowed = allowed & (view.pos_at(rows) >= view.window.lead)
         values = ops.where(allowed, ops.power(priorities, self.alpha), self.tree.leaf(ops, rows))
         largest = ops.max(ops.where(allowed, priorities, ops.zeros_like(priorities)))
         raised = self._raise(ops, largest)
