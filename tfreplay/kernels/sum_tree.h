@@ -6,8 +6,7 @@
 // is the root; a node k of fanout f has children f * k ... f * k + f - 1. Every node has kFanout (8) children,
 // 64 bytes, one cache line, except the root, which has 2, 4 or 8 (leaves = root fanout * 8^levels). The nodes
 // of a level of n nodes are [n, 2n): levels never overlap, and the leaves stay contiguous. A node's value is
-// the sum of its children from the first to the last, one addition after another; a descent compares its
-// target with those running sums. A 1M-row tree is 7 levels deep instead of 20: a descent misses the cache
+// the sum of its children added first to last; a descent compares its target with those running sums. A 1M-row tree is 7 levels deep instead of 20: a descent misses the cache
 // once per level, and the comparisons within a node do not wait on each other.
 //
 // Both loops go level by level over the whole batch: the loads of one level are independent of each other, so
@@ -71,6 +70,14 @@ inline void SumTreeDescend(const double* tree, int64_t leaves, const double* tar
   }
 }
 
+// The sum of `f` children, first to last. (Not in pairs: TF's graph optimizer turns a tree of additions into
+// one AddN, which adds first to last, so the array-op fallback could not keep another order.)
+inline double ChildSum(const double* child, int64_t f) {
+  double sum = child[0];
+  for (int64_t j = 1; j < f; ++j) sum = sum + child[j];
+  return sum;
+}
+
 // Writes leaves (of duplicate rows, the last value wins), then each level's touched sums from their children,
 // bottom up: a sum is recomputed only after every child below it, so duplicates are harmless. `node` is
 // scratch of `size` entries.
@@ -86,12 +93,7 @@ inline void SumTreeSet(double* tree, int64_t leaves, const int64_t* rows, const 
     for (int64_t i = 0; i < size; ++i) {
       const int64_t parent = node[i] / f;
       // Rows of a sample come sorted, so near the root most parents were just summed for the row before.
-      if (i == 0 || parent != node[i - 1]) {
-        const double* child = tree + f * parent;
-        double sum = child[0];
-        for (int64_t j = 1; j < f; ++j) sum = sum + child[j];
-        tree[parent] = sum;
-      }
+      if (i == 0 || parent != node[i - 1]) tree[parent] = ChildSum(tree + f * parent, f);
       node[i] = parent;
     }
     width /= f;
@@ -159,13 +161,14 @@ inline int64_t RingUpdate(double* tree, int64_t leaves, const int64_t* num_adds,
                           int64_t size, int64_t* rows, double* kept, int64_t* node, double* max_priority) {
   int64_t live = 0;
   double most = 0.0;
+  const Divisor segments(num_segments), length(max_length);
   for (int64_t i = 0; i < size; ++i) {
-    const int64_t seg = ((ids[i] % num_segments) + num_segments) % num_segments;
-    const int64_t local = (ids[i] - seg) / num_segments;
+    if (ids[i] < 0) continue;  // never an item's id
+    const int64_t seg = segments.Mod(ids[i]), local = segments.Div(ids[i]);
     const int64_t adds = num_adds[seg];
     const int64_t oldest = adds - (adds < max_length ? adds : max_length);
     if (local < oldest || local >= adds) continue;
-    rows[live] = (local % max_length) * num_segments + seg;
+    rows[live] = length.Mod(local) * num_segments + seg;
     kept[live] = values[i];
     most = priorities[i] > most ? priorities[i] : most;
     ++live;

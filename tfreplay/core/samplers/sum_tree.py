@@ -105,7 +105,7 @@ class SumTree:
             def climb(node: Any = node, f: int = f) -> Any:
                 children = self._children(ops, node, f)
                 total = children[0]
-                for child in children[1:]:
+                for child in children[1:]:  # first to last (a TF graph may make this one AddN: same order)
                     total = total + child
                 return ops.scatter(self.array, node, total)
 
@@ -193,7 +193,7 @@ class SumTree:
             )
             return [stale], stale
         adds, ids, priorities = _c(num_adds, np.int64), _c(ids, np.int64), _c(priorities, np.float64)
-        values = ops.power(priorities, alpha)
+        values = ops.power(np.abs(priorities), alpha)  # the same for good priorities; no warning for bad ones
         stale = kernel.tfreplay_ring_update(
             self._address,
             self.leaves,
@@ -206,10 +206,10 @@ class SumTree:
             ids.size,
             _address(max_priority),
         )
-        if stale < 0:
-            from tfreplay.core.buffer import PRIORITIES_RULE  # here: the buffer module imports the samplers
+        if stale < 0:  # a bad priority: nothing was written
+            from tfreplay.core.buffer import check_priorities  # here: the buffer module imports the samplers
 
-            raise ValueError(PRIORITIES_RULE)
+            check_priorities(ids.shape, priorities.shape, priorities)  # raises, naming the bad values
         return [], np.int64(stale)
 
 
