@@ -103,6 +103,9 @@ class SumTree:
             node = node // f
 
             def climb(node: Any = node, f: int = f) -> Any:
+                if isinstance(self.array, np.ndarray):  # one accumulate: the same additions, in order
+                    block = self.array[f * node[:, None] + np.arange(f)]
+                    return ops.scatter(self.array, node, np.add.accumulate(block, axis=1)[:, -1])
                 children = self._children(ops, node, f)
                 total = children[0]
                 for child in children[1:]:  # first to last (a TF graph may make this one AddN: same order)
@@ -128,6 +131,8 @@ class SumTree:
         return kernel.tfreplay_sum_tree_descend(self.array.handle, targets)
 
     def _descend_ops(self, ops: Any, u: Any) -> tuple[Any, Any]:
+        if isinstance(self.array, np.ndarray):
+            return self._descend_numpy(u)
         node = ops.ones_like(ops.to_int64(u))
         for f in self.fanouts:
             children = self._children(ops, node, f)
@@ -140,6 +145,18 @@ class SumTree:
             u = u - passed
             node = f * node + j
         return node - self.leaves, ops.gather(self.array, node)
+
+    def _descend_numpy(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`_descend_ops` over whole child blocks: ufunc.accumulate adds in order, so the running sums are the
+        same floats."""
+        u = np.asarray(u, np.float64).reshape(-1)
+        node = np.ones(u.shape, np.int64)
+        for f in self.fanouts:
+            running = np.add.accumulate(self.array[f * node[:, None] + np.arange(f - 1)], axis=1)
+            past = u[:, None] >= running
+            u = u - np.where(past, running, 0.0).max(axis=1)  # running sums only grow: the last one passed
+            node = f * node + past.sum(axis=1)
+        return node - self.leaves, self.array[node]
 
     # Ring windows (no episode index) in one native call each; None without the kernel.
     def ring_draw(self, ops: Any, num_adds: Any, uniform: Any, max_length: int, n: int, stratified: bool) -> Any:
@@ -221,7 +238,7 @@ def _address(array: np.ndarray) -> int:
         return array.__array_interface__["data"][0]
 
 
-_BYTES = ctypes.c_char.from_buffer
+_BYTES: Any = ctypes.c_char.from_buffer  # takes any writable buffer (an ndarray is one)
 
 
 def _c(array: Any, dtype: Any) -> np.ndarray:
