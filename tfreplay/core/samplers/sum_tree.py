@@ -94,7 +94,7 @@ class SumTree:
 
     def _children(self, ops: Any, node: Any, f: int) -> tuple:
         """The values of the `f` children of each node, first to last."""
-        return ops.unstack(ops.gather(self.array, f * ops.reshape(node, [-1, 1]) + ops.arange(f)[None, :]), 1)
+        return ops.unstack(ops.gather(self.array, ops.arange(f)[:, None] + f * ops.reshape(node, [1, -1])), 0)
 
     def _set_ops(self, ops: Any, rows: Any, values: Any) -> list:
         node = ops.reshape(rows, [-1]) + self.leaves
@@ -104,8 +104,8 @@ class SumTree:
 
             def climb(node: Any = node, f: int = f) -> Any:
                 if isinstance(self.array, np.ndarray):  # one accumulate: the same additions, in order
-                    block = self.array[f * node[:, None] + np.arange(f)]
-                    return ops.scatter(self.array, node, np.add.accumulate(block, axis=1)[:, -1])
+                    block = self.array[np.arange(f)[:, None] + f * node]  # [f, n]: each step vectorised over n
+                    return ops.scatter(self.array, node, np.add.accumulate(block)[-1])
                 children = self._children(ops, node, f)
                 total = children[0]
                 for child in children[1:]:  # first to last (a TF graph may make this one AddN: same order)
@@ -131,19 +131,19 @@ class SumTree:
         return kernel.tfreplay_sum_tree_descend(self.array.handle, targets)
 
     def _descend_ops(self, ops: Any, u: Any) -> tuple[Any, Any]:
+        """The descent in array ops: NumPy, or TF (also under XLA)."""
         if isinstance(self.array, np.ndarray):
             return self._descend_numpy(u)
         node = ops.ones_like(ops.to_int64(u))
         for f in self.fanouts:
             children = self._children(ops, node, f)
-            running, passed, j = children[0], ops.zeros_like(u), ops.zeros_like(node)
-            for i in range(f - 1):  # running sums only grow: the passed ones come first
-                running = running + children[i] if i else running
-                past = u >= running
-                j = j + ops.to_int64(past)
-                passed = ops.where(past, running, passed)
-            u = u - passed
-            node = f * node + j
+            running = [children[0]]
+            for child in children[1 : f - 1]:  # first to last
+                running.append(running[-1] + child)
+            sums = tf.stack(running)  # [f - 1, n]
+            past = u >= sums
+            u = u - tf.reduce_max(tf.where(past, sums, tf.zeros_like(sums)), 0)  # sums only grow: the last passed
+            node = f * node + tf.reduce_sum(tf.cast(past, tf.int64), 0)
         return node - self.leaves, ops.gather(self.array, node)
 
     def _descend_numpy(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -151,11 +151,11 @@ class SumTree:
         same floats."""
         u = np.asarray(u, np.float64).reshape(-1)
         node = np.ones(u.shape, np.int64)
-        for f in self.fanouts:
-            running = np.add.accumulate(self.array[f * node[:, None] + np.arange(f - 1)], axis=1)
-            past = u[:, None] >= running
-            u = u - np.where(past, running, 0.0).max(axis=1)  # running sums only grow: the last one passed
-            node = f * node + past.sum(axis=1)
+        for f in self.fanouts:  # [f - 1, n] blocks: each step of the accumulation is vectorised over n
+            running = np.add.accumulate(self.array[np.arange(f - 1)[:, None] + f * node])
+            past = u >= running
+            u = u - np.where(past, running, 0.0).max(axis=0)  # running sums only grow: the last one passed
+            node = f * node + past.sum(axis=0)
         return node - self.leaves, self.array[node]
 
     # Ring windows (no episode index) in one native call each; None without the kernel.
