@@ -137,7 +137,10 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
     def checkpoint_layout(self) -> dict:
         """What a checkpoint must match to restore into this buffer (see `checkpoint.layout`)."""
         history_len = getattr(self._storage, "history_len", None)
-        return checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
+        record = checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
+        if getattr(self._sampler, "tree_layout", None):  # prioritized: how the sum tree's nodes are laid out
+            record["sum_tree"] = self._sampler.tree_layout
+        return record
 
     # Twin hooks.
     def _init_state(self) -> None:
@@ -468,6 +471,11 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         mask, t = self._window.grid(ops.read(self._num_adds), self._pos_at, self._max_length, n, aligned, ops)
         flat = ops.flatnonzero(ops.reshape(mask, [-1]))
         return flat // self._max_length, ops.gather(ops.reshape(t, [-1]), flat)
+
+    def _update_checks_priorities(self) -> bool:
+        """Whether `_update_locked` itself refuses a bad priority (a graph then needs no separate assertion)."""
+        checks = getattr(self._sampler, "checks_priorities", None)
+        return checks is not None and checks(self._windows(None)[0])
 
     def _update_locked(self, ids: Any, priorities: Any) -> Any:
         """Under the lock: gives items new priorities; returns how many ids were stale."""

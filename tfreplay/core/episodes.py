@@ -143,20 +143,30 @@ class Shape:
 
         A window is counted at its end row `e`, which needs `pos[e] >= need`:
         `pos_counts` gives how many live rows have that. Of these, only the
-        oldest `history + n - 1` rows of a segment can end a window that shows
-        something older than `min_id`; reading their `pos` corrects the count.
-        Past `POS_BINS`, every row's `pos` is scanned.
+        oldest `history + n - 1` rows of a segment (`edge_rows`) can end a
+        window that shows something older than `min_id`; reading their `pos`
+        corrects the count (`count_from`). Past `POS_BINS`, every row's `pos` is scanned.
         """
         if not self.counted(n):
             mask, _ = self.grid(num_adds, pos_at, max_length, n, False, ops)
             return ops.sum(ops.to_int64(mask))
+        edge_pos = pos_at(self.edge_rows(num_adds, max_length, n, ops))
+        return self.count_from(num_adds, pos_counts, edge_pos, max_length, n, ops)
+
+    def edge_rows(self, num_adds: Any, max_length: int, n: int, ops: Any) -> Any:
+        """`[num_segments, history + n - 1]`: the rows of each segment's oldest items, which correct `count`."""
         num_segments = num_adds.shape[0]
+        min_id, _ = ring.live_range(num_adds, max_length, ops)
+        end = min_id[:, None] + ops.arange(self.history + n - 1)[None, :]
+        return ring.local_to_rows(end, ops.arange(num_segments)[:, None], max_length, num_segments)[0]
+
+    def count_from(self, num_adds: Any, pos_counts: Any, edge_pos: Any, max_length: int, n: int, ops: Any) -> Any:
+        """`count` of windows of `n` (when `counted(n)`), given `edge_pos`, the `pos` of `edge_rows`."""
         min_id, num_live = ring.live_range(num_adds, max_length, ops)
         k = ops.arange(self.history + n - 1)[None, :]
-        end = min_id[:, None] + k
-        pos = pos_at(ring.local_to_rows(end, ops.arange(num_segments)[:, None], max_length, num_segments)[0])
-        start = end - (n - 1)
-        bad = (k < num_live[:, None]) & (pos >= self.need(n)) & ~self.is_valid(start, pos, min_id[:, None], n)
+        start = min_id[:, None] + k - (n - 1)
+        edge = (k < num_live[:, None]) & (edge_pos >= self.need(n))
+        bad = edge & ~self.is_valid(start, edge_pos, min_id[:, None], n)
         return ops.sum(pos_counts[:, self.need(n) :]) - ops.sum(ops.to_int64(bad))
 
     def grid(

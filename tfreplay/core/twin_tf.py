@@ -283,6 +283,8 @@ class TFBuffer(ComposedBuffer):
             )
             return fn(ids, priorities)
         check_priorities(ids.shape, priorities.shape, None)
+        if self._update_checks_priorities():  # the compiled update raises on a bad priority itself
+            return self._update(ids, priorities)
         ok = tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0))
         return self._check(ok, self._update(ids, priorities), PRIORITIES_RULE)
 
