@@ -31,6 +31,7 @@ from tfreplay.buffers import (
     rows_storage,
 )
 from tfreplay.core.ops import NUMPY_OPS, TF_OPS
+from tfreplay.core.samplers import prioritized
 from tfreplay.core.samplers.prioritized import PrioritizedSampler
 from tfreplay.core.samplers.sum_tree import SumTree
 from tfreplay.core.storage import frame_data_spec
@@ -298,12 +299,66 @@ def test_native_and_array_op_paths_draw_the_same_and_build_the_same_tree(kind, t
             np.testing.assert_array_equal(np.asarray(got[0][1].probabilities), np.asarray(got[1][1].probabilities))
 
 
+@pytest.mark.parametrize("use_native", [True, False])
+def test_a_bad_priority_in_a_graph_raises_and_changes_nothing(use_native):
+    """In a graph the compiled update refuses bad priorities itself (no separate assertion); the array-op path
+    keeps its assertion. Either way nothing changes: leaves, sums and the largest priority new items enter at."""
+    rb, reference = assembled("tf", use_native), assembled("tf", use_native)
+    update = tf.function(lambda ids, priorities: rb.update_priorities(ids, priorities))
+    for buffer in (rb, reference):
+        for step in range(9):
+            buffer.add_batch(make_items(step * B + np.arange(B)))
+        buffer.update_priorities(live_ids(9), np.arange(1.0, 13.0))
+    ids = tf.constant(live_ids(9)[:3], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="every priority must be finite and non-negative"):
+        update(ids, tf.constant([100.0, 2.0, np.nan], tf.float64))
+    for buffer in (rb, reference):
+        buffer.add_batch(make_items(9 * B + np.arange(B)))  # enters at the largest priority: 12, not 100
+    np.testing.assert_array_equal(
+        sum_tree_of(rb, pathlib.Path(tempfile.mkdtemp())), sum_tree_of(reference, pathlib.Path(tempfile.mkdtemp()))
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_a_checkpoint_of_another_sum_tree_layout_is_refused(kind, tmp_path, monkeypatch):
+    """Prioritized checkpoints from before the 8-ary tree (no `sum_tree` in their layout record) hold other
+    inner sums: they are refused, never restored into wrong draws."""
+    monkeypatch.setattr(prioritized, "LAYOUT", None)  # a buffer whose layout record is the older one
+    old = filled(kind, seed=3)
+    monkeypatch.undo()
+    path = tf.train.Checkpoint(buffer=old).write(str(tmp_path / "ckpt"))
+    rb = filled(kind, seed=4)
+    rb.update_priorities(live_ids(9), np.arange(1.0, 13.0))
+    mass = float(rb.sampling_mass())
+    with pytest.raises(ValueError, match=r"the checkpoint's sum_tree \(null\) must equal this buffer's \('fanout 8'\)"):
+        tf.train.Checkpoint(buffer=rb).restore(path)
+    assert float(rb.sampling_mass()) == mass
+
+
 # --- the sum tree against a model, through every add, update and clear -----------------------
+
+
+def tree_above(leaves: np.ndarray) -> np.ndarray:
+    """A whole tree built from its leaves by the documented layout: a level of `n` nodes is `[n, 2n)`, a node
+    `k` of fanout `f` has children `f * k ...`, 8 per node (2, 4 or 8 at the root), each node their sum added
+    first to last."""
+    tree = np.zeros(2 * len(leaves))
+    tree[len(leaves) :] = leaves
+    n = len(leaves)
+    while n > 1:
+        f = min(n, 8)
+        children = tree[n : 2 * n].reshape(-1, f)
+        sums = children[:, 0]
+        for j in range(1, f):
+            sums = sums + children[:, j]
+        tree[n // f : 2 * n // f] = sums
+        n //= f
+    return tree
 
 
 class SumTreeModel(RuleBasedStateMachine):
     """Each live item's priority in a dict; after every step the checkpointed tree must hold `p ** alpha` of
-    exactly the live items in its leaves and, in every inner node, the sum of its two children."""
+    exactly the live items in its leaves and, in every inner node, the sum of its children."""
 
     KIND = "py"
     _cached: dict = {}
@@ -349,8 +404,7 @@ class SumTreeModel(RuleBasedStateMachine):
     def the_tree_sums_its_live_leaves(self):
         tree = sum_tree_of(self.rb, pathlib.Path(self.dir))
         leaves = len(tree) // 2
-        inner = np.arange(1, leaves)
-        np.testing.assert_array_equal(tree[inner], tree[2 * inner] + tree[2 * inner + 1])
+        np.testing.assert_array_equal(tree, tree_above(tree[leaves:]))
         want = np.zeros(leaves)
         for i, p in self.priority.items():
             want[(i // B % L) * B + i % B] = p**ALPHA

@@ -10,6 +10,8 @@ transform makes of them. Eagerly, inside `tf.function` and through
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -30,8 +32,9 @@ from tfreplay import (
     frame_data_spec,
     sequence_priorities,
 )
+from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.drivers import Transition
-from tfreplay.transforms import Window
+from tfreplay.transforms import Transform, Window
 
 GAMMA = 0.9
 SPEC = Transition(
@@ -256,6 +259,60 @@ def test_the_twins_agree_on_every_window():
             np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+@dataclasses.dataclass(frozen=True)
+class Ends(Transform):
+    """Windows of 3 with some fields at their first or last real step: declared (`steps`, read there by the
+    buffer) or picked here from the whole window."""
+
+    picks: tuple  # (field, "first" or "last") pairs
+    declared: bool
+    num_steps = 3
+    padded = True
+
+    def steps(self, item_spec):
+        return dict(self.picks) if self.declared else {}
+
+    def output_spec(self, item_spec):
+        return item_spec
+
+    def __call__(self, items, mask, ops):
+        if self.declared:
+            return items, mask
+        numpy = ops is NUMPY_OPS
+        count = mask.sum(1) if numpy else tf.reduce_sum(tf.cast(mask, tf.int64), 1)
+        last = lambda x: x[np.arange(len(x)), count - 1] if numpy else tf.gather(x, count - 1, batch_dims=1)  # noqa: E731
+        picked = {f: (lambda x: x[:, 0]) if step == "first" else last for f, step in self.picks}
+        fields = dict(items) if isinstance(items, dict) else items._asdict()
+        out = {f: tf.nest.map_structure(picked[f], x) if f in picked else x for f, x in fields.items()}
+        return (out if isinstance(items, dict) else type(items)(**out)), mask
+
+
+ENDS = {
+    "rows": (("observation", "first"), ("action", "first"), ("next_observation", "last"), ("truncated", "last")),
+    "frames": (("observation", "first"), ("action", "first"), ("next_observation", "last"), ("terminated", "last")),
+}
+
+
+@pytest.mark.parametrize("kind", ["tf-rows", "py-rows", "tf-frames", "py-frames"])
+def test_fields_read_at_one_step_equal_those_picked_from_the_whole_window(kind):
+    # Random wrapped episodes ending terminated or truncated (rows), or at resets (frames): the buffer reads
+    # declared fields at the first or last real step only (rows: at those rows; frames: picked after the read).
+    rng = np.random.default_rng(4)
+    seed = int(rng.integers(2**31))
+    picks = ENDS[kind.split("-")[1]]
+    outs = []
+    for declared in (True, False):
+        rb, _ = filled(kind, np.random.default_rng(seed), 3, ROWS, FRAMES)
+        outs.append(draw(rb, "eager", 300, Ends(picks, declared)))
+    (fast, fast_mask), fast_ids, _ = outs[0]
+    (slow, slow_mask), slow_ids, _ = outs[1]
+    np.testing.assert_array_equal(fast_ids, slow_ids)  # the same draws
+    np.testing.assert_array_equal(fast_mask, slow_mask)
+    assert 0 < fast_mask.sum(1).min() < 3, "some windows should end early"
+    for a, b in zip(tf.nest.flatten(fast), tf.nest.flatten(slow)):
+        np.testing.assert_array_equal(a, b)  # shapes too: a declared field comes without its time axis
+
+
 # --- sequences ---------------------------------------------------------------------------------
 
 
@@ -437,6 +494,12 @@ BAD_CALLS = [
         lambda rb: rb.get_next(4, transform=NStepReturns(2, 0.9, reward="step_type")),
         TypeError,
         r"NStepReturns: field 'step_type' .* must be a floating-point tf.TensorSpec",
+    ),
+    (
+        lambda rb: rb.get_next(4, transform=Ends((("prize", "first"), ("reward", "middle")), True)),
+        ValueError,
+        r"Ends.steps: \{'prize': 'first', 'reward': 'middle'\} must map fields of the sampled item \(\[.*\]\) "
+        "to 'first' or 'last'",
     ),
 ]
 

@@ -105,6 +105,8 @@ def _sum_tree_library() -> Any:
     for name, argtypes in signatures.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
+    lib.tfreplay_ring_draw.restype = ctypes.c_bool  # whether a window starts at every draw
+    lib.tfreplay_ring_update.restype = ctypes.c_int64  # stale ids, or -1 for a bad priority
     return lib
 
 

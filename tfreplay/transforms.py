@@ -26,6 +26,10 @@ The interface, all a new transform needs (one class):
   where `mask` is False hold whatever their rows hold (the next episode, or
   stale rows past the write head): `pad(items, mask, ops)` zeroes them, for
   transforms that return them.
+* `steps(item_spec)` (optional): the top-level fields `__call__` reads at
+  one step only, `"first"` (the window's first item) or `"last"` (its last
+  real one): the buffer reads those there alone and passes them `[B, ...]`.
+  Reading less is faster; by default every field comes whole.
 
 On a buffer whose items mark episode boundaries (`step_type`, `first`,
 `terminated`, `truncated`, or an `EpisodeRule`) windows follow episodes
@@ -39,6 +43,7 @@ from __future__ import annotations
 import abc
 import collections.abc
 import dataclasses
+import functools
 import math
 import types
 from typing import Any, NamedTuple
@@ -76,17 +81,23 @@ class Transform(abc.ABC):
     def __call__(self, items: Nest, mask: Any, ops: Any) -> Nest:
         """Outputs `[B, ...]` of windows `items` `[B, T, ...]` with their `[B, T]` mask."""
 
+    def steps(self, item_spec: Nest) -> dict[str, str]:
+        """Top-level fields read at one step only, `{name: "first" or "last"}`; see the module docstring."""
+        return {}
+
 
 # Operations the core's `ops` namespaces do not need, for NumPy arrays and tensors.
 _NP = types.SimpleNamespace(
-    sum1=lambda x: np.sum(x, axis=1),
-    prod1=lambda x: np.prod(x, axis=1),
+    count1=lambda mask: mask.sum(1),
+    sum1=lambda x: x.sum(1),
+    prod1=lambda x: x.prod(1),
     pick=lambda x, i: x[np.arange(len(i)), i],
     cast=lambda x, dtype: np.asarray(x, dtype),
     dtype=lambda x: x.dtype,
     rank=lambda x: x.ndim,
 )
 _TF = types.SimpleNamespace(
+    count1=lambda mask: tf.reduce_sum(tf.cast(mask, tf.int64), axis=1),
     sum1=lambda x: tf.reduce_sum(x, axis=1),
     prod1=lambda x: tf.reduce_prod(x, axis=1),
     pick=lambda x, i: tf.gather(x, i, batch_dims=1),
@@ -104,6 +115,29 @@ def pad(items: Nest, mask: Any, ops: Any) -> Nest:
         return ops.where(keep, x, ops.zeros_like(x))
 
     return tf.nest.map_structure(zero, items)
+
+
+def leaf_steps(transform: Transform, item_spec: Nest) -> list:
+    """Per leaf of `item_spec` (`tf.nest.flatten` order), the step `transform` reads it at: "first",
+    "last" or None (the whole window); empty when it reads every field whole. See `Transform.steps`."""
+    steps = transform.steps(item_spec)
+    if not steps:
+        return []
+    fields = _fields(type(transform).__name__, item_spec)
+    bad = {f: s for f, s in steps.items() if f not in fields or s not in ("first", "last")}
+    if bad:
+        raise ValueError(
+            f"{type(transform).__name__}.steps: {bad} must map fields of the sampled item ({sorted(fields)}) "
+            "to 'first' or 'last'."
+        )
+    marked = _replace(item_spec, {f: tf.nest.map_structure(lambda _, s=s: s, fields[f]) for f, s in steps.items()})
+    return [x if isinstance(x, str) else None for x in tf.nest.flatten(marked)]
+
+
+@functools.lru_cache(maxsize=64)
+def _powers(gamma: float, n: int, dtype: Any) -> np.ndarray:
+    """`gamma ** [0, ..., n]` in `dtype`, made once per transform and dtype."""
+    return np.asarray(gamma ** np.arange(n + 1), dtype)
 
 
 def _arrays(ops: Any) -> types.SimpleNamespace:
@@ -215,29 +249,32 @@ class NStepReturns(Transform):
             )
         return {**item_spec, self.discount: tf.TensorSpec([], reward.dtype)}
 
+    def steps(self, item_spec: Nest) -> dict[str, str]:
+        # Only the reward and the per-step discount (or terminated, to derive it from) are read over the window.
+        fields = _fields("NStepReturns", item_spec)
+        whole = {self.reward, self.discount if self.discount in fields else self.terminated}
+        lasts = {self.next_observation, self.terminated, self.truncated}
+        return {f: "last" if f in lasts else "first" for f in fields if f not in whole}
+
     def __call__(self, items: Nest, mask: Any, ops: Any) -> Nest:
+        """Items of `steps()`: reward and discount (or terminated) `[B, n]`, other fields at their one step."""
         a = _arrays(ops)
         reward = _get(items, self.reward)
-        dtype = a.dtype(reward)
-        real = a.sum1(ops.to_int64(mask))  # >= 1: a window's first item is always real
-        last = real - 1
-        powers = np.asarray(self.gamma ** np.arange(self.n + 1), dtype)
-        weights = np.reshape(powers[: self.n], [1, self.n] + [1] * (a.rank(reward) - 2))
-        keep = ops.reshape(mask, list(mask.shape) + [1] * (a.rank(reward) - 2))
-        values = {self.reward: a.sum1(ops.where(keep, reward * weights, ops.zeros_like(reward)))}
+        extra = a.rank(reward) - 2  # a reward's own axes
+        real = a.count1(mask)  # >= 1: a window's first item is always real
+        weights = _powers(self.gamma, self.n, a.dtype(reward))[: self.n].reshape([self.n] + [1] * extra)
+        keep = ops.reshape(mask, list(mask.shape) + [1] * extra) if extra else mask
+        values = {self.reward: a.sum1(ops.where(keep, reward, 0) * weights)}
         fields = items._fields if hasattr(items, "_fields") else list(items)
         if self.discount in fields:
             step_discount = _get(items, self.discount)
-        else:
-            step_discount = 1 - a.cast(_get(items, self.terminated), dtype)
-        step_discount = ops.where(mask, step_discount, ops.ones_like(step_discount))
-        values[self.discount] = ops.gather(np.asarray(powers, a.dtype(step_discount)), real) * a.prod1(step_discount)
-        lasts = {f: _get(items, f) for f in (self.next_observation, self.terminated, self.truncated) if f in fields}
-        firsts = {f: _get(items, f) for f in fields if f not in values and f not in lasts}
-        # One nest walk each: tf.nest costs more than the slicing it maps on small batches.
-        lasts = tf.nest.map_structure(lambda x: a.pick(x, last), lasts)
-        firsts = tf.nest.map_structure(lambda x: x[:, 0], firsts)
-        return _replace(items, {**firsts, **lasts, **values})
+        else:  # from terminated, read whole for it: its last step is the output's
+            terminated = _get(items, self.terminated)
+            step_discount = 1 - a.cast(terminated, a.dtype(reward))
+            values[self.terminated] = a.pick(terminated, real - 1)
+        bootstrap = ops.gather(_powers(self.gamma, self.n, a.dtype(step_discount)), real)
+        values[self.discount] = bootstrap * a.prod1(ops.where(mask, step_discount, 1))
+        return _replace(items, values)
 
 
 @dataclasses.dataclass(frozen=True)

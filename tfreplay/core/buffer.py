@@ -104,6 +104,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             )
         # Windows go through the episode index for frames (a transition needs its history) or on request.
         object.__setattr__(self, "_window", self._storage.window if frames or sampler.within_episodes else None)
+        # id(transform) -> (transform, its leaves' steps): transforms checked once (kept, so ids stay theirs).
+        object.__setattr__(self, "_served", {})
         self._num_adds = self._make("index/num_adds", [num_segments], tf.int64)
         if episode_rule is not None:
             self._pos = self._make("index/pos", [self._capacity], tf.int32)
@@ -135,7 +137,10 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
     def checkpoint_layout(self) -> dict:
         """What a checkpoint must match to restore into this buffer (see `checkpoint.layout`)."""
         history_len = getattr(self._storage, "history_len", None)
-        return checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
+        record = checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
+        if getattr(self._sampler, "tree_layout", None):  # prioritized: how the sum tree's nodes are laid out
+            record["sum_tree"] = self._sampler.tree_layout
+        return record
 
     # Twin hooks.
     def _init_state(self) -> None:
@@ -166,6 +171,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         raise NotImplementedError
 
     def _guard(self, count: Any, value: Any, where: str, num_steps: int | None, transform: Any = None) -> Any:
+        if isinstance(count, (int, np.integer)) and count > 0:
+            return value  # a count known now: no message to build
         return self._check(count > 0, value, self.empty_message(where, num_steps, transform))
 
     # Shared lines.
@@ -197,6 +204,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 f"{where}: num_steps ({num_steps}) must be None with a transform; "
                 f"{transform!r} reads windows of {transform.num_steps} items."
             )
+        if self._served_steps(transform) is not None:
+            return  # served before: the rest holds
         if transform.num_steps > self._max_window():
             raise ValueError(
                 f"{where}: the window of {transform!r} ({transform.num_steps} items) must be at most "
@@ -211,6 +220,16 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 f"{type(self._sampler).__name__} does not draw."
             )
         transform.output_spec(self._storage.item_spec)  # raises on fields it cannot use
+        self._served[id(transform)] = (transform, transforms.leaf_steps(transform, self._storage.item_spec))
+
+    def _served_steps(self, transform: Any) -> list | None:
+        """`transforms.leaf_steps` of a transform served before, else None."""
+        served = self._served.get(id(transform))
+        return served[1] if served is not None and served[0] is transform else None
+
+    def _steps_of(self, transform: Any) -> list:
+        steps = self._served_steps(transform)
+        return transforms.leaf_steps(transform, self._storage.item_spec) if steps is None else steps
 
     def _windows(self, transform: Any) -> tuple[Any, bool]:
         """`(window shape or None, padded)` of a sample: a transform's windows follow episodes when items mark them."""
@@ -256,18 +275,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             pos_at=self._pos_at if has_index else None,
             pos_counts=self._ops.read(self._pos_counts) if has_index else None,
             padded=padded,
-            ended=self._newest_ended(num_adds) if padded and has_index else None,
+            ends_at=self._stored_ends if padded and has_index and self._rule.ends else None,
         )
-
-    def _newest_ended(self, num_adds: Any) -> Any:
-        """Per segment, whether its newest item carries an end flag (an episode known to be over)."""
-        ops = self._ops
-        if not self._rule.ends:
-            return num_adds < 0
-        rows = ring.local_to_rows(
-            ops.maximum(num_adds - 1, 0), ops.arange(self._num_segments), self._max_length, self._num_segments
-        )[0]
-        return self._stored_ends(rows) & (num_adds > 0)
 
     def _num_frames(self) -> Any:
         return self._exclusive(
@@ -360,31 +369,59 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         """Under the lock: `(read plan, ids, probabilities, count)` of `size` windows.
 
         With a transform the windows are its own (`num_steps` items, strict or
-        padded), the plan carries their `[size, num_steps]` mask and the ids are
+        padded), the plan carries their `[size, num_steps]` mask (and where
+        its fields are read at one step, those steps' rows) and the ids are
         each window's first item's. `view`: the state to draw from (default: read now).
         """
-        ops = self._ops
+        ops, layout = self._ops, (self._max_length, self._num_segments)
         view = self._view(transform) if view is None else view
         n = num_steps if transform is None else int(transform.num_steps)
         segment, t, probs, count = self._sampler.sample(view, size, n)
-        step_rows, ids = ring.window_rows(segment, t, n, self._max_length, self._num_segments, ops)
         pos_at = self._pos_at if self._rule is not None else None
-        plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
         if transform is None:
-            return plan, ids, probs, count
+            step_rows, ids = ring.window_rows(segment, t, n, *layout, ops)
+            return self._storage.plan(segment, t, step_rows, n, pos_at, ops), ids, probs, count
+        local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
+        step_rows, ids = ring.local_to_rows(local, segment[:, None], *layout)
+        plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
         if view.padded:
-            layout = (self._max_length, self._num_segments)
-            mask = episodes.window_mask(segment, t, transform.num_steps, view.num_adds, view.pos_at, ops, layout)
+            mask = episodes.window_mask(segment, local, step_rows, view.num_adds, view.pos_at, ops)
         else:
             mask = ops.ones_like(step_rows) > 0
-        return (plan, mask), ids[:, 0], probs, count
+        if not self._steps_of(transform):
+            return (plan, mask), ids[:, 0], probs, count
+        # Each window's last real step, and the rows of its first and last: fields read there alone.
+        last = ops.sum(ops.to_int64(mask), 1) - 1
+        last_rows = ring.local_to_rows(t + last, segment, *layout)[0]
+        return (plan, mask, last, step_rows[:, 0], last_rows), ids[:, 0], probs, count
 
     def _read_planned(self, plan: Any, num_steps: int | None, transform: Any = None) -> Any:
         """The bulk read of a plan: items, or with a transform `(items, mask)`."""
         if transform is None:
             return self._storage.read(plan, num_steps, self._ops)
-        plan, mask = plan
-        return self._storage.read(plan, transform.num_steps, self._ops), mask
+        plan, mask, *at = plan
+        if not at:
+            return self._storage.read(plan, transform.num_steps, self._ops), mask
+        return self._read_steps(plan, at, transform), mask
+
+    def _read_steps(self, plan: Any, at: list, transform: Any) -> Nest:
+        """Windows' items with the leaves `transform` reads at one step (`Transform.steps`) read there only."""
+        ops, (last, first_rows, last_rows) = self._ops, at
+        steps = self._steps_of(transform)
+        read_leaves = getattr(self._storage, "read_leaves", None)
+        if read_leaves is not None:  # rows: each leaf at its own rows
+            rows = {None: plan, "first": first_rows, "last": last_rows}
+            return read_leaves([rows[step] for step in steps], ops)
+        n = transform.num_steps  # otherwise whole windows, then each leaf's step picked
+        items = self._storage.read(plan, n, ops)
+        flat_last = ops.arange(last.shape[0]) * n + last
+
+        def pick(x: Any, step: str | None) -> Any:
+            if step is None:
+                return x
+            return x[:, 0] if step == "first" else ops.gather(ops.reshape(x, [-1] + list(x.shape[2:])), flat_last)
+
+        return tf.nest.pack_sequence_as(items, [pick(x, step) for x, step in zip(tf.nest.flatten(items), steps)])
 
     def _read_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple[Nest, Any, Any, Any]:
         """Under the lock: `(items, ids, probabilities, count)` (items: `(items, mask)` with a transform)."""
@@ -436,6 +473,11 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         mask, t = self._window.grid(ops.read(self._num_adds), self._pos_at, self._max_length, n, aligned, ops)
         flat = ops.flatnonzero(ops.reshape(mask, [-1]))
         return flat // self._max_length, ops.gather(ops.reshape(t, [-1]), flat)
+
+    def _update_checks_priorities(self) -> bool:
+        """Whether `_update_locked` itself refuses a bad priority (a graph then needs no separate assertion)."""
+        checks = getattr(self._sampler, "checks_priorities", None)
+        return checks is not None and checks(self._windows(None)[0])
 
     def _update_locked(self, ids: Any, priorities: Any) -> Any:
         """Under the lock: gives items new priorities; returns how many ids were stale."""

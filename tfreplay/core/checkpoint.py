@@ -4,7 +4,8 @@
 state every buffer keeps a *layout record* (`layout()`): the format version,
 the storage kind (`rows`, or `frames` with `history_len`), `batch_size`,
 `max_length`, `capacity`, the episode index's bins (`index_bins`: the shape
-of its per-segment counts) and each spec leaf's path, dtype and shape. Restore
+of its per-segment counts), a prioritized buffer's sum-tree layout (`sum_tree`)
+and each spec leaf's path, dtype and shape. Restore
 compares the saved record with the buffer's own before any array or variable
 is overwritten: a mismatch raises `ValueError` naming the field, the saved
 value and this buffer's value, and the buffer stays as it was.
@@ -48,7 +49,7 @@ from tfreplay.core.specs import Nest
 
 FORMAT_VERSION = 1
 _WHERE = "checkpoint restore"
-_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins")
+_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins", "sum_tree")
 
 
 def layout(data_spec: Nest, batch_size: int, max_length: int, history_len: int | None = None) -> dict:
@@ -87,7 +88,7 @@ def check_layout(saved: Any, expected: dict) -> None:
             "it was written by another tfreplay version."
         )
     for field in _FIELDS:
-        _check_field(field, saved.get(field), expected[field])
+        _check_field(field, saved.get(field), expected.get(field))
     leaves = saved.get("leaves")
     _check_field("leaves", list(leaves) if isinstance(leaves, dict) else leaves, list(expected["leaves"]))
     assert isinstance(leaves, dict)  # the check above compared its keys

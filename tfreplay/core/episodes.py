@@ -143,20 +143,30 @@ class Shape:
 
         A window is counted at its end row `e`, which needs `pos[e] >= need`:
         `pos_counts` gives how many live rows have that. Of these, only the
-        oldest `history + n - 1` rows of a segment can end a window that shows
-        something older than `min_id`; reading their `pos` corrects the count.
-        Past `POS_BINS`, every row's `pos` is scanned.
+        oldest `history + n - 1` rows of a segment (`edge_rows`) can end a
+        window that shows something older than `min_id`; reading their `pos`
+        corrects the count (`count_from`). Past `POS_BINS`, every row's `pos` is scanned.
         """
         if not self.counted(n):
             mask, _ = self.grid(num_adds, pos_at, max_length, n, False, ops)
             return ops.sum(ops.to_int64(mask))
+        edge_pos = pos_at(self.edge_rows(num_adds, max_length, n, ops))
+        return self.count_from(num_adds, pos_counts, edge_pos, max_length, n, ops)
+
+    def edge_rows(self, num_adds: Any, max_length: int, n: int, ops: Any) -> Any:
+        """`[num_segments, history + n - 1]`: the rows of each segment's oldest items, which correct `count`."""
         num_segments = num_adds.shape[0]
+        min_id, _ = ring.live_range(num_adds, max_length, ops)
+        end = min_id[:, None] + ops.arange(self.history + n - 1)[None, :]
+        return ring.local_to_rows(end, ops.arange(num_segments)[:, None], max_length, num_segments)[0]
+
+    def count_from(self, num_adds: Any, pos_counts: Any, edge_pos: Any, max_length: int, n: int, ops: Any) -> Any:
+        """`count` of windows of `n` (when `counted(n)`), given `edge_pos`, the `pos` of `edge_rows`."""
         min_id, num_live = ring.live_range(num_adds, max_length, ops)
         k = ops.arange(self.history + n - 1)[None, :]
-        end = min_id[:, None] + k
-        pos = pos_at(ring.local_to_rows(end, ops.arange(num_segments)[:, None], max_length, num_segments)[0])
-        start = end - (n - 1)
-        bad = (k < num_live[:, None]) & (pos >= self.need(n)) & ~self.is_valid(start, pos, min_id[:, None], n)
+        start = min_id[:, None] + k - (n - 1)
+        edge = (k < num_live[:, None]) & (edge_pos >= self.need(n))
+        bad = edge & ~self.is_valid(start, edge_pos, min_id[:, None], n)
         return ops.sum(pos_counts[:, self.need(n) :]) - ops.sum(ops.to_int64(bad))
 
     def grid(
@@ -180,42 +190,41 @@ class Shape:
 
 
 def young_starts(
-    num_adds: Any, max_length: int, n: int, window: Shape | None, pos_at: Callable | None, ended: Any, ops: Any
+    num_adds: Any, max_length: int, n: int, window: Shape | None, pos_at: Callable | None, ends_at: Any, ops: Any
 ) -> Any:
     """Per segment, how many of its newest items cannot start a padded window of `n`.
 
     The rule every sampler shares (see the module docstring): the newest
     `min(n - 1, u)` items, where `u` counts the items of the newest episode
     that are drawable as single items, or 0 when that episode has ended
-    (`ended`: `[S]` bool, whether each segment's newest item carries an end
-    flag). Without an index (`window` None) a segment is one endless episode,
-    so this is the plain ring rule: the newest `n - 1` live items.
+    (`ends_at(rows)`: whether the items at storage rows carry an end flag;
+    None without end fields). Without an index (`window` None) a segment is
+    one endless episode, so this is the plain ring rule: the newest `n - 1`
+    live items.
     """
-    min_id, num_live = ring.live_range(num_adds, max_length, ops)
+    _, num_live = ring.live_range(num_adds, max_length, ops)
     if window is None or pos_at is None:
         return ops.minimum(num_live, n - 1)
-    newest = num_adds - 1
-    segments = ops.arange(num_adds.shape[0])
-    rows = ring.local_to_rows(ops.maximum(newest, 0), segments, max_length, num_adds.shape[0])[0]
-    episode_start = newest - pos_at(rows)
-    # Single items of the newest episode are drawable from its first transition on, or, when
-    # the episode began before the live range, from the first item whose history is live.
-    first = ops.where(episode_start >= min_id, episode_start + window.lead, min_id + max(window.history, window.lead))
-    young = ops.minimum(ops.maximum(newest - first + 1, 0), n - 1)
-    return ops.where((num_adds > 0) & ~ended, young, ops.zeros_like(young))
+    num_segments = num_adds.shape[0]
+    rows = ring.local_to_rows(num_adds - 1, ops.arange(num_segments), max_length, num_segments)[0]
+    pos = pos_at(rows)
+    # The newest episode's items are drawable alone from its first transition on when it began inside the
+    # live range (pos < num_live), else from the first whose history is live; an empty segment has none.
+    drawable = ops.where(pos < num_live, pos + (1 - window.lead), num_live - max(window.history, window.lead))
+    young = ops.minimum(ops.maximum(drawable, 0), n - 1)
+    return young if ends_at is None else ops.where(~ends_at(rows), young, 0)
 
 
-def window_mask(segment: Any, t: Any, n: int, num_adds: Any, pos_at: Callable | None, ops: Any, layout: tuple) -> Any:
-    """`[B, n]` bool: which items of the windows at local id `t` are real steps of `t`'s episode.
+def window_mask(segment: Any, local: Any, rows: Any, num_adds: Any, pos_at: Callable | None, ops: Any) -> Any:
+    """`[B, n]` bool: which items of windows (local ids `local`, stored at `rows`, both `[B, n]`) are real
+    steps of their first item's episode.
 
     Item `t + k` is real when stored (at most the segment's newest id) and
     `k` steps further into the episode (`pos` grows by one per step and
-    restarts at 0 with each episode). `layout` is `(max_length, num_segments)`.
+    restarts at 0 with each episode). The mask keeps the layout of `local`.
     """
-    k = ops.arange(n)[None, :]
-    ids = t[:, None] + k
-    stored = ids < ops.gather(num_adds, segment)[:, None]
+    stored = local < ops.gather(num_adds, segment)[:, None]
     if pos_at is None:
         return stored
-    pos = pos_at(ring.local_to_rows(ids, segment[:, None], *layout)[0])
-    return stored & (pos == pos[:, :1] + k)
+    pos = pos_at(rows)
+    return stored & (pos - pos[:, :1] == ops.arange(rows.shape[1])[None, :])

@@ -26,6 +26,14 @@ def _np_scatter(array: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None
         array[rows] = values
 
 
+def _np_gather(x: np.ndarray, i: Any) -> np.ndarray:
+    # A `[B, T]` index laid out time-major (a transposed view) reads time-major as well: NumPy is slow to
+    # broadcast or reduce over a short innermost axis.
+    if getattr(i, "ndim", 0) == 2 and i.flags.f_contiguous and not i.flags.c_contiguous:
+        return x.take(i.T, axis=0).swapaxes(0, 1)
+    return x.take(i, axis=0)
+
+
 def _np_assign(array: np.ndarray, value: Any) -> None:
     array[...] = value
 
@@ -44,6 +52,11 @@ def _tf_after(updates: list, fn: Callable[[], Any]) -> Any:
         return fn()
 
 
+def _tf_power(x: tf.Tensor, a: float) -> tf.Tensor:
+    """`x ** a` for `x >= 0` as `exp(a * log(x))`: a few ulps from `tf.pow`, whose float64 kernel is ~10x slower."""
+    return tf.ones_like(x) if a == 0 else tf.exp(a * tf.math.log(x))
+
+
 def _tf_cummax0(x: tf.Tensor) -> tf.Tensor:
     return x if x.shape[0] == 1 else tf.scan(tf.maximum, x)
 
@@ -59,15 +72,17 @@ def _np_loop(cond: Callable, body: Callable, state: tuple, most: int) -> tuple:
 NUMPY_OPS = types.SimpleNamespace(
     minimum=np.minimum,
     maximum=np.maximum,
+    power=np.power,
     arange=lambda n: np.arange(n, dtype=np.int64),
     unstack=lambda x, axis: tuple(np.moveaxis(x, axis, 0)),
     probability=lambda shape, total: np.full(shape, 1.0 / total if total else 0.0, np.float32),
-    gather=lambda x, i: x.take(i, axis=0),
+    gather=_np_gather,
     where=np.where,
     cumsum=np.cumsum,
     cummax0=lambda x: np.maximum.accumulate(x, axis=0),
-    searchsorted=lambda a, v: np.searchsorted(a, v, side="right").astype(np.int64),
-    sum=np.sum,
+    # Methods and ufuncs: `np.sum` and `np.searchsorted` cost a microsecond more per call on small arrays.
+    searchsorted=lambda a, v: a.searchsorted(v, "right").astype(np.int64, copy=False),
+    sum=lambda x, axis=None: np.add.reduce(x, axis),
     all=np.all,
     any0=lambda x: np.any(x, axis=0),
     argmax0=lambda x: np.argmax(x, axis=0).astype(np.int64),
@@ -78,6 +93,9 @@ NUMPY_OPS = types.SimpleNamespace(
     to_float64=lambda x: np.asarray(x, np.float64),
     max=np.max,
     reshape=np.reshape,
+    # `[B, n]` window ids `t + k`, laid out time-major (a transposed view): NumPy broadcasts and reduces slowly
+    # over a short innermost axis, and elementwise results keep the layout.
+    window_ids=lambda t, n: (t + np.arange(n, dtype=np.int64)[:, None]).T,
     zeros_like=np.zeros_like,
     ones_like=np.ones_like,
     flatnonzero=lambda x: np.flatnonzero(x).astype(np.int64),
@@ -95,6 +113,7 @@ NUMPY_OPS = types.SimpleNamespace(
 TF_OPS = types.SimpleNamespace(
     minimum=tf.minimum,
     maximum=tf.maximum,
+    power=_tf_power,
     arange=lambda n: tf.range(n, dtype=tf.int64),
     unstack=lambda x, axis: tuple(tf.unstack(x, axis=axis)),
     probability=lambda shape, total: tf.fill(shape, tf.math.divide_no_nan(1.0, tf.cast(total, tf.float32))),
@@ -114,6 +133,7 @@ TF_OPS = types.SimpleNamespace(
     to_float64=lambda x: tf.cast(x, tf.float64),
     max=tf.reduce_max,
     reshape=tf.reshape,
+    window_ids=lambda t, n: t[:, None] + tf.range(n, dtype=tf.int64)[None, :],  # XLA lays out the rest
     zeros_like=tf.zeros_like,
     ones_like=tf.ones_like,
     flatnonzero=lambda x: tf.where(x)[:, 0],

@@ -58,6 +58,10 @@ class RowStorage:
     def read(self, plan: Any, num_steps: int | None, ops: Any) -> Nest:
         return tf.nest.pack_sequence_as(self.data_spec, [ops.gather(a, plan) for a in self.arrays])
 
+    def read_leaves(self, rows: list, ops: Any) -> Nest:
+        """Each leaf at its own rows (`rows[i]` for leaf `i`): what a transform reads at one step only."""
+        return tf.nest.pack_sequence_as(self.data_spec, [ops.gather(a, r) for a, r in zip(self.arrays, rows)])
+
     @property
     def nbytes(self) -> int:
         return sum(_nbytes(a) for a in self.arrays)

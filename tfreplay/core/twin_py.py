@@ -217,7 +217,8 @@ class PyBuffer(ComposedBuffer):
         ids = np.asarray(ids.numpy() if isinstance(ids, tf.Tensor) else ids, np.int64)
         values = priorities.numpy() if isinstance(priorities, tf.Tensor) else priorities
         values = np.asarray(values, np.float64)
-        check_priorities(ids.shape, values.shape, values)
+        checked = self._update_checks_priorities()  # the compiled update refuses bad values itself
+        check_priorities(ids.shape, values.shape, None if checked else values)
         with self._lock:
             return int(self._update_locked(ids.reshape(-1), values.reshape(-1)))
 

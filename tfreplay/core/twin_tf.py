@@ -320,7 +320,8 @@ class TFBuffer(ComposedBuffer):
         finished = self._finished.value.read_value()
         with tf.control_dependencies([finished]):
             plan, ids, probs, count, num_adds = self._draw_plan(size, num_steps, transform)
-        limit = finished + self._slack(plan, num_adds)  # computed while the rows are gathered
+        rows = plan if transform is None else plan[0]  # a transform's plan adds its mask and step indices
+        limit = finished + self._slack(rows, num_adds)  # computed while the rows are gathered
         items = self._read_planned(plan, num_steps, transform)
         with tf.control_dependencies(tf.nest.flatten(items)):
             started = self._started.value.read_value()
@@ -351,9 +352,10 @@ class TFBuffer(ComposedBuffer):
         return locked_call(self._lock, compiled)
 
     def _slack(self, plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
-        """Per segment, how many items may be written after `num_adds` before one overwrites a row of `plan`
-        (the `k`-th new item lands at ring position `num_adds + k`); `max_length` where `plan` reads none."""
-        rows = [tf.reshape(tf.cast(r, tf.int64), [-1]) for r in tf.nest.flatten(plan) if r.dtype.is_integer]
+        """Per segment, how many items may be written after `num_adds` before one overwrites a row of `plan`,
+        a storage's read plan (the `k`-th new item lands at ring position `num_adds + k`); `max_length` where
+        `plan` reads none."""
+        rows = [tf.reshape(tf.cast(r, tf.int64), [-1]) for r in tf.nest.flatten(plan)]
         rows = rows[0] if len(rows) == 1 else tf.concat(rows, 0)
         n, length = self._num_segments, self._max_length
         segment = rows % n
@@ -407,6 +409,8 @@ class TFBuffer(ComposedBuffer):
             )
             return fn(ids, priorities)
         check_priorities(ids.shape, priorities.shape, None)
+        if self._update_checks_priorities():  # the compiled update raises on a bad priority itself
+            return self._update(ids, priorities)
         ok = tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0))
         return self._check(ok, self._update(ids, priorities), PRIORITIES_RULE)
 

@@ -63,7 +63,7 @@ class Sampling:
             weights = self._weights(num_steps, True).copy()
         if weights.sum() <= 0:
             if admitted is not None:
-                limiter.settle.remote("sample", size, False)
+                ray.get(limiter.settle.remote("sample", size, False))
             raise ValueError(self._empty_message("get_next", num_steps))
         counts = self._rng.multinomial(size, weights / weights.sum())
         refs = {}
@@ -92,7 +92,7 @@ class Sampling:
             parts.append((leaves, service_ids.encode(bids, k, epoch), (probs * share).astype(np.float32)))
         if empty:  # the whole request is drawn again: its samples are given back to the limiter
             if self.shards.limiter is not None:
-                self.shards.limiter.settle.remote("sample", size, False)
+                ray.get(self.shards.limiter.settle.remote("sample", size, False))  # counted before the redraw
             return None
         order = self._rng.permutation(size)
         leaves = [np.concatenate(column)[order] for column in zip(*[p[0] for p in parts])]

@@ -138,7 +138,8 @@ class Shard:
         """Adds rows as `len(calls)` `add_batch` calls of `calls[i]` rows; `(epoch, accepted, lost)`.
 
         `priorities` (prioritized shards): one per row, set on the new items at once (Ape-X).
-        `admitted`: the limiter's admission (Ray ran this call once it was given); the rows are settled here.
+        `admitted`: the limiter's admission (Ray ran this call once it was given); the rows are settled here,
+        before the call returns, so a client's `flush()` also means the limiter counted them.
         """
         ok = False
         try:
@@ -149,7 +150,7 @@ class Shard:
             if self._limiter_name is not None and admitted is not None:
                 import ray
 
-                ray.get_actor(self._limiter_name).settle.remote("insert", sum(calls), ok)
+                ray.get(ray.get_actor(self._limiter_name).settle.remote("insert", sum(calls), ok))
 
     def _add(self, leaves: list, calls: list, claim: tuple, priorities: Any) -> tuple:
         with self._lock:

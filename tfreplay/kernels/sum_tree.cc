@@ -19,25 +19,24 @@ void tfreplay_sum_tree_set(double* tree, int64_t leaves, const int64_t* rows, co
   tfreplay::SumTreeSet(tree, leaves, rows, values, size, node.data());
 }
 
-void tfreplay_ring_draw(const double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
+bool tfreplay_ring_draw(const double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
                         int64_t max_length, int64_t num_steps, const double* uniform, int64_t size, bool stratified,
                         int64_t* segment, int64_t* t, double* leaf, bool* ok) {
   std::vector<int64_t> node(size);
   std::vector<double> rest(size);
-  tfreplay::RingDraw(tree, leaves, num_adds, num_segments, max_length, num_steps, uniform, size, stratified,
-                     node.data(), rest.data(), segment, t, leaf, ok);
+  return tfreplay::RingDraw(tree, leaves, num_adds, num_segments, max_length, num_steps, uniform, size, stratified,
+                            node.data(), rest.data(), segment, t, leaf, ok);
 }
 
-// out: [stale count, largest live priority] as doubles.
-void tfreplay_ring_update(double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
-                          int64_t max_length, const int64_t* ids, const double* values, const double* priorities,
-                          int64_t size, double* out) {
+// Returns how many ids were stale, or -1 (nothing changed) when a priority is negative, NaN or infinite.
+int64_t tfreplay_ring_update(double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
+                             int64_t max_length, const int64_t* ids, const double* values, const double* priorities,
+                             int64_t size, double* max_priority) {
+  if (!tfreplay::PrioritiesOk(priorities, size)) return -1;
   std::vector<int64_t> rows(size), node(size);
   std::vector<double> kept(size);
-  int64_t stale = 0;
-  tfreplay::RingUpdate(tree, leaves, num_adds, num_segments, max_length, ids, values, priorities, size, rows.data(),
-                       kept.data(), node.data(), &stale, &out[1]);
-  out[0] = static_cast<double>(stale);
+  return tfreplay::RingUpdate(tree, leaves, num_adds, num_segments, max_length, ids, values, priorities, size,
+                              rows.data(), kept.data(), node.data(), max_priority);
 }
 
 }  // extern "C"

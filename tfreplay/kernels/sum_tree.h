@@ -1,17 +1,53 @@
-// The sum tree's two loops, shared by the plain C library (sum_tree.cc, called from NumPy through ctypes) and
+// The sum tree's loops, shared by the plain C library (sum_tree.cc, called from NumPy through ctypes) and
 // the TF ops (sum_tree_ops.cc). tfreplay/core/samplers/sum_tree.py runs the same arithmetic with array ops, in
 // the same order, so both paths give bit-identical trees and draws.
 //
-// Layout: `tree` holds 2 * leaves doubles (leaves a power of two); node 1 is the root, node k has children 2k
-// and 2k + 1, and row r's leaf is node leaves + r. Both loops go level by level over the whole batch: the loads
-// of one level are independent of each other, so their cache misses overlap.
+// Layout: `tree` holds 2 * leaves doubles (leaves a power of two) and row r's leaf is node leaves + r. Node 1
+// is the root; a node k of fanout f has children f * k ... f * k + f - 1. Every node has kFanout (8) children,
+// 64 bytes, one cache line, except the root, which has 2, 4 or 8 (leaves = root fanout * 8^levels). The nodes
+// of a level of n nodes are [n, 2n): levels never overlap, and the leaves stay contiguous. A node's value is
+// the sum of its children added first to last; a descent compares its target with those running sums. A 1M-row tree is 7 levels deep instead of 20: a descent misses the cache
+// once per level, and the comparisons within a node do not wait on each other.
+//
+// Both loops go level by level over the whole batch: the loads of one level are independent of each other, so
+// their cache misses overlap.
 
 #ifndef TFREPLAY_KERNELS_SUM_TREE_H_
 #define TFREPLAY_KERNELS_SUM_TREE_H_
 
+#include <cmath>
 #include <cstdint>
 
 namespace tfreplay {
+
+constexpr int64_t kFanout = 8;
+
+// The root's fanout: leaves / 8^levels, in {2, 4, 8} (1 for a tree of one leaf, which is its own root).
+inline int64_t RootFanout(int64_t leaves) {
+  int64_t f = leaves;
+  while (f > kFanout) f /= kFanout;
+  return f;
+}
+
+// One level of a descent through nodes of fanout F: at a node the target passes child j while it is at least
+// the running sum of children 0..j; the last child takes what is left (a target past the sum lands there).
+template <int64_t F>
+inline void DescendLevel(const double* tree, int64_t size, int64_t* node, double* rest) {
+  for (int64_t b = 0; b < size; ++b) {
+    const double* child = tree + F * node[b];
+    const double u = rest[b];
+    double running = child[0], passed = 0.0;
+    int64_t j = 0;
+    for (int64_t i = 0; i + 1 < F; ++i) {
+      if (i > 0) running = running + child[i];
+      const bool past = u >= running;  // running sums only grow: the passed ones come first
+      j += past ? 1 : 0;
+      passed = past ? running : passed;
+    }
+    rest[b] = j > 0 ? u - passed : u;
+    node[b] = F * node[b] + j;
+  }
+}
 
 // For each target mass u (in [0, tree[1])), the row whose leaf holds it and that leaf's value. `node` is
 // scratch of `size` entries (it may be `rows`).
@@ -21,18 +57,25 @@ inline void SumTreeDescend(const double* tree, int64_t leaves, const double* tar
     node[b] = 1;
     rest[b] = targets[b];
   }
-  for (int64_t width = 1; width < leaves; width *= 2) {
-    for (int64_t b = 0; b < size; ++b) {
-      const double left = tree[2 * node[b]];
-      const bool right = rest[b] >= left;
-      rest[b] = right ? rest[b] - left : rest[b];
-      node[b] = 2 * node[b] + (right ? 1 : 0);
-    }
+  const int64_t root = RootFanout(leaves);
+  if (leaves > 1) {
+    if (root == 2) DescendLevel<2>(tree, size, node, rest);
+    if (root == 4) DescendLevel<4>(tree, size, node, rest);
+    if (root == 8) DescendLevel<8>(tree, size, node, rest);
   }
+  for (int64_t width = root; width < leaves; width *= kFanout) DescendLevel<kFanout>(tree, size, node, rest);
   for (int64_t b = 0; b < size; ++b) {
     mass[b] = tree[node[b]];
     rows[b] = node[b] - leaves;
   }
+}
+
+// The sum of `f` children, first to last. (Not in pairs: TF's graph optimizer turns a tree of additions into
+// one AddN, which adds first to last, so the array-op fallback could not keep another order.)
+inline double ChildSum(const double* child, int64_t f) {
+  double sum = child[0];
+  for (int64_t j = 1; j < f; ++j) sum = sum + child[j];
+  return sum;
 }
 
 // Writes leaves (of duplicate rows, the last value wins), then each level's touched sums from their children,
@@ -44,13 +87,16 @@ inline void SumTreeSet(double* tree, int64_t leaves, const int64_t* rows, const 
     tree[leaves + rows[i]] = values[i];
     node[i] = leaves + rows[i];
   }
-  for (int64_t width = 1; width < leaves; width *= 2) {
+  const int64_t root = RootFanout(leaves);
+  for (int64_t width = leaves; width > 1;) {  // `width` nodes on the level below the one summed now
+    const int64_t f = width == root ? root : kFanout;
     for (int64_t i = 0; i < size; ++i) {
-      const int64_t parent = node[i] / 2;
+      const int64_t parent = node[i] / f;
       // Rows of a sample come sorted, so near the root most parents were just summed for the row before.
-      if (i == 0 || parent != node[i - 1]) tree[parent] = tree[2 * parent] + tree[2 * parent + 1];
+      if (i == 0 || parent != node[i - 1]) tree[parent] = ChildSum(tree + f * parent, f);
       node[i] = parent;
     }
+    width /= f;
   }
 }
 
@@ -71,8 +117,9 @@ class Divisor {
 // Ring windows (no episode index, see tfreplay/core/ring.py): draws `size` leaves, at targets
 // ((b + uniform[b]) / size) * tree[1] (stratified) or uniform[b] * tree[1], and for each its segment, the live
 // id `t` stored there, its leaf value and whether a window of `num_steps` starts there (inside the live range,
-// leaf > 0). As PrioritizedSampler._draw computes it. `node` and `rest` are scratch of `size` entries.
-inline void RingDraw(const double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
+// leaf > 0). As PrioritizedSampler._draw computes it; returns whether a window starts at every draw. `node`
+// and `rest` are scratch of `size` entries.
+inline bool RingDraw(const double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
                      int64_t max_length, int64_t num_steps, const double* uniform, int64_t size, bool stratified,
                      int64_t* node, double* rest, int64_t* segment, int64_t* t, double* leaf, bool* ok) {
   const double mass = tree[1];
@@ -82,6 +129,7 @@ inline void RingDraw(const double* tree, int64_t leaves, const int64_t* num_adds
   SumTreeDescend(tree, leaves, rest, size, node, rest, node, leaf);
   const int64_t last = num_segments * max_length - 1;
   const Divisor segments(num_segments), length(max_length);
+  bool all = true;
   for (int64_t b = 0; b < size; ++b) {
     const int64_t row = node[b] < last ? node[b] : last;  // past the rows: a padding leaf of value 0
     const int64_t seg = segments.Mod(row), slot = segments.Div(row), adds = num_adds[seg];
@@ -91,32 +139,43 @@ inline void RingDraw(const double* tree, int64_t leaves, const int64_t* num_adds
     segment[b] = seg;
     t[b] = id;
     ok[b] = id >= oldest && id + num_steps - 1 < adds && leaf[b] > 0;
+    all &= ok[b];
   }
+  return all;
+}
+
+// Whether every priority is finite and non-negative (an update with another changes nothing).
+inline bool PrioritiesOk(const double* priorities, int64_t size) {
+  bool ok = true;
+  for (int64_t i = 0; i < size; ++i) ok &= std::isfinite(priorities[i]) && priorities[i] >= 0.0;
+  return ok;
 }
 
 // Ring windows: gives the live ones of global `ids` (id = local * num_segments + segment) their `values`
 // (priority ** alpha); stale ids (overwritten, or not written yet) change nothing. Of duplicate rows the last
-// live value wins. Returns how many ids were stale and the largest priority of a live id (0 if none).
-// `rows` and `kept` are scratch of `size` entries.
-inline void RingUpdate(double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments, int64_t max_length,
-                       const int64_t* ids, const double* values, const double* priorities, int64_t size,
-                       int64_t* rows, double* kept, int64_t* node, int64_t* stale, double* largest) {
+// live value wins. Raises `*max_priority` to the largest priority of a live id and returns how many ids were
+// stale. The caller has checked the priorities (PrioritiesOk). `rows`, `kept` and `node` are scratch of
+// `size` entries.
+inline int64_t RingUpdate(double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
+                          int64_t max_length, const int64_t* ids, const double* values, const double* priorities,
+                          int64_t size, int64_t* rows, double* kept, int64_t* node, double* max_priority) {
   int64_t live = 0;
   double most = 0.0;
+  const Divisor segments(num_segments), length(max_length);
   for (int64_t i = 0; i < size; ++i) {
-    const int64_t seg = ((ids[i] % num_segments) + num_segments) % num_segments;
-    const int64_t local = (ids[i] - seg) / num_segments;
+    if (ids[i] < 0) continue;  // never an item's id
+    const int64_t seg = segments.Mod(ids[i]), local = segments.Div(ids[i]);
     const int64_t adds = num_adds[seg];
     const int64_t oldest = adds - (adds < max_length ? adds : max_length);
     if (local < oldest || local >= adds) continue;
-    rows[live] = (local % max_length) * num_segments + seg;
+    rows[live] = length.Mod(local) * num_segments + seg;
     kept[live] = values[i];
     most = priorities[i] > most ? priorities[i] : most;
     ++live;
   }
   SumTreeSet(tree, leaves, rows, kept, live, node);
-  *stale = size - live;
-  *largest = most;
+  *max_priority = most > *max_priority ? most : *max_priority;
+  return size - live;
 }
 
 }  // namespace tfreplay

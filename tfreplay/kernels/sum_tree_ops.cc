@@ -6,9 +6,10 @@
 //   variable's exclusive lock. Like TF's scatter ops it first makes the variable copy-on-read, so a tensor a
 //   reader still holds is never changed under it.
 //
-// TfreplayRingDraw(tree, num_adds, uniform) -> (segment, t, leaf, ok) and TfreplayRingUpdate(tree, num_adds, ids,
-//   values, priorities) -> (stale, largest): a prioritized draw and update for ring windows in one op each
-//   (RingDraw, RingUpdate in sum_tree.h).
+// TfreplayRingDraw(tree, num_adds, uniform) -> (segment, t, leaf, ok, all_ok) and TfreplayRingUpdate(tree, max_priority,
+//   num_adds, ids, values, priorities) -> stale: a prioritized draw and update for ring windows in one op each
+//   (RingDraw, RingUpdate in sum_tree.h). The update checks the priorities first (a bad one raises
+//   InvalidArgument and changes nothing), writes the live ids' leaves and raises the max_priority variable.
 //
 // Callers serialize against other writers with the buffer's own mutex, as for every other update.
 
@@ -52,28 +53,29 @@ REGISTER_OP("TfreplayRingDraw")
     .Output("t: int64")
     .Output("leaf: float64")
     .Output("ok: bool")
+    .Output("all_ok: bool")
     .Attr("max_length: int >= 1")
     .Attr("num_steps: int >= 1")
     .Attr("stratified: bool")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       for (int i = 0; i < 4; ++i) c->set_output(i, c->input(2));
+      c->set_output(4, c->Scalar());
       return absl::OkStatus();
     });
 
 REGISTER_OP("TfreplayRingUpdate")
     .Input("tree: resource")
+    .Input("max_priority: resource")
     .Input("num_adds: int64")
     .Input("ids: int64")
     .Input("values: float64")
     .Input("priorities: float64")
     .Output("stale: int64")
-    .Output("largest: float64")
     .Attr("max_length: int >= 1")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->Scalar());
-      c->set_output(1, c->Scalar());
       return absl::OkStatus();
     });
 
@@ -181,11 +183,12 @@ class RingDrawOp : public OpKernel {
     OP_REQUIRES_OK(c, CheckRows(leaves, num_adds, max_length_));
     const Tensor& uniform = c->input(2);
     const int64_t size = uniform.NumElements();
-    Tensor* out[4];
+    Tensor* out[5];
     for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(c, c->allocate_output(i, uniform.shape(), &out[i]));
+    OP_REQUIRES_OK(c, c->allocate_output(4, TensorShape({}), &out[4]));
     std::vector<int64_t> node(size);
     std::vector<double> rest(size);
-    tfreplay::RingDraw(tree.flat<double>().data(), leaves, num_adds.flat<int64_t>().data(), num_adds.NumElements(),
+    out[4]->scalar<bool>()() = tfreplay::RingDraw(tree.flat<double>().data(), leaves, num_adds.flat<int64_t>().data(), num_adds.NumElements(),
                        max_length_, num_steps_, uniform.flat<double>().data(), size, stratified_, node.data(),
                        rest.data(), out[0]->flat<int64_t>().data(), out[1]->flat<int64_t>().data(),
                        out[2]->flat<double>().data(), out[3]->flat<bool>().data());
@@ -203,30 +206,41 @@ class RingUpdateOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* c) override {
-    core::RefCountPtr<Var> var;
+    core::RefCountPtr<Var> var, top;
     OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
-    const Tensor& num_adds = c->input(1);
-    const Tensor& ids = c->input(2);
-    const Tensor& values = c->input(3);
-    const Tensor& priorities = c->input(4);
+    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 1), &top));
+    const Tensor& num_adds = c->input(2);
+    const Tensor& ids = c->input(3);
+    const Tensor& values = c->input(4);
+    const Tensor& priorities = c->input(5);
     OP_REQUIRES(c, ids.shape() == values.shape() && ids.shape() == priorities.shape(),
                 errors::InvalidArgument("ids, values and priorities must have one shape"));
+    const int64_t size = ids.NumElements();
+    // The words of PRIORITIES_RULE (tfreplay/core/buffer.py), which the eager path raises as a ValueError.
+    OP_REQUIRES(c, tfreplay::PrioritiesOk(priorities.flat<double>().data(), size),
+                errors::InvalidArgument("update_priorities: every priority must be finite and non-negative; "
+                                        "nothing was updated."));
     mutex_lock guard(*var->mu());
+    mutex_lock top_guard(*top->mu());  // always taken after the tree's: no other op holds both
     int64_t leaves = 0;
     OP_REQUIRES_OK(c, Leaves(*var->tensor(), &leaves));
     OP_REQUIRES_OK(c, CheckRows(leaves, num_adds, max_length_));
+    OP_REQUIRES(c, top->tensor()->dtype() == DT_DOUBLE && top->tensor()->NumElements() == 1,
+                errors::InvalidArgument("max_priority must be a float64 scalar"));
     OP_REQUIRES_OK(c, Writable(c, var.get(), leaves));
     Tensor* stale = nullptr;
-    Tensor* largest = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &stale));
-    OP_REQUIRES_OK(c, c->allocate_output(1, TensorShape({}), &largest));
-    const int64_t size = ids.NumElements();
+    Tensor raised;  // a new tensor, as AssignVariableOp does: a reader may still hold the old one
+    OP_REQUIRES_OK(c, c->allocate_temp(DT_DOUBLE, top->tensor()->shape(), &raised));
+    double* most = raised.flat<double>().data();
+    *most = top->tensor()->flat<double>()(0);
     std::vector<int64_t> rows(size), node(size);
     std::vector<double> kept(size);
-    tfreplay::RingUpdate(var->tensor()->flat<double>().data(), leaves, num_adds.flat<int64_t>().data(),
-                         num_adds.NumElements(), max_length_, ids.flat<int64_t>().data(), values.flat<double>().data(),
-                         priorities.flat<double>().data(), size, rows.data(), kept.data(), node.data(),
-                         &stale->scalar<int64_t>()(), &largest->scalar<double>()());
+    stale->scalar<int64_t>()() = tfreplay::RingUpdate(
+        var->tensor()->flat<double>().data(), leaves, num_adds.flat<int64_t>().data(), num_adds.NumElements(),
+        max_length_, ids.flat<int64_t>().data(), values.flat<double>().data(), priorities.flat<double>().data(), size,
+        rows.data(), kept.data(), node.data(), most);
+    *top->tensor() = raised;
   }
 
  private:

@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from tfreplay.core import episodes, ring
 from tfreplay.core.samplers import View
-from tfreplay.core.samplers.sum_tree import SumTree
+from tfreplay.core.samplers.sum_tree import LAYOUT, SumTree
 
 # Rounds of redraws for draws that land on a row that cannot start a window; the rest come from an exact scan.
 _ROUNDS = 16
@@ -70,12 +70,13 @@ class PrioritizedSampler:
 
     def bind(self, make: Callable, num_rows: int) -> PrioritizedSampler:
         self.tree = SumTree(make, num_rows, self.use_native)
+        self.tree_layout = LAYOUT  # in the checkpoint record
         self.max_priority = make("sampler/max_priority", [], tf.float64)
         return self
 
     def on_write(self, ops: Any, rows: Any, startable: Any = None) -> list:
-        start = ops.maximum(ops.read(self.max_priority), 1.0) if self.alpha else 1.0
-        value = ops.zeros_like(ops.to_float64(rows)) + start**self.alpha
+        start = ops.power(ops.maximum(ops.read(self.max_priority), 1.0), self.alpha) if self.alpha else 1.0
+        value = ops.zeros_like(ops.to_float64(rows)) + start
         if startable is not None:  # rows that can never start a window are never drawn
             value = ops.where(startable, value, ops.zeros_like(value))
         return self.tree.set(ops, rows, value)
@@ -86,21 +87,22 @@ class PrioritizedSampler:
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
         """Sets the priorities of live items; returns the updates and how many ids were stale."""
         ops, length, segments = view.ops, view.max_length, view.num_segments
-        if view.window is None:  # ring windows: one native call, where built
-            fused = self.tree.ring_update(ops, view.num_adds, ids, priorities**self.alpha, priorities, length)
+        if view.window is None:  # ring windows: one native call (check, stale ids, write, raise), where built
+            fused = self.tree.ring_update(ops, view.num_adds, ids, priorities, self.alpha, self.max_priority, length)
             if fused is not None:
-                updates, stale, largest = fused
-                raised = ops.after(updates, lambda: self._raise(ops, largest))
-                return [raised], stale
+                return fused
         segment, local = ids % segments, ids // segments
         adds = ops.gather(view.num_adds, segment)
         live = (local >= adds - ops.minimum(adds, length)) & (local < adds)
         rows = ring.local_to_rows(local, segment, length, segments)[0]
-        allowed = live
+        # A bad priority rewrites nothing (in a graph the twin's assertion, which raises, does not order the
+        # writes): every row keeps its value and the largest priority stays.
+        good = ops.all((priorities >= 0) & (priorities < math.inf))
+        allowed = live & good
         if view.window is not None and view.window.lead:  # a row that can never start a window keeps leaf 0
             assert view.pos_at is not None  # a window goes with the episode index
-            allowed = live & (view.pos_at(rows) >= view.window.lead)
-        values = ops.where(allowed, priorities**self.alpha, self.tree.leaf(ops, rows))
+            allowed = allowed & (view.pos_at(rows) >= view.window.lead)
+        values = ops.where(allowed, ops.power(priorities, self.alpha), self.tree.leaf(ops, rows))
         largest = ops.max(ops.where(allowed, priorities, ops.zeros_like(priorities)))
         raised = self._raise(ops, largest)
         stale = ops.sum(ops.to_int64(~live))
@@ -114,6 +116,10 @@ class PrioritizedSampler:
         rows, values = ops.cond(stale > 0, stale_first, lambda: (rows, values))
         return self.tree.set(ops, rows, values) + [raised], stale
 
+    def checks_priorities(self, window: Any) -> bool:
+        """Whether `update` refuses a bad priority itself: the compiled ring update does (`window` None)."""
+        return window is None and self.tree.compiled()
+
     def _raise(self, ops: Any, largest: Any) -> Any:
         """New items enter at the largest priority given so far."""
         return ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
@@ -122,7 +128,8 @@ class PrioritizedSampler:
         """The summed `priority ** alpha` of the windows `sample` draws from (0 when it counts as empty)."""
         ops, n = view.ops, num_steps or 1
         mass = self.tree.total(ops)
-        total = mass - excluded_mass(view, self.tree, n)
+        excluded = excluded_mass(view, self.tree, n)
+        total = mass if excluded is None else mass - excluded
         return ops.where(total > mass * _EMPTY_SHARE, total, ops.zeros_like(total))
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
@@ -134,13 +141,14 @@ class PrioritizedSampler:
                 "Draw single items, or windows that may run past an episode's end (padded windows, with a mask)."
             )
         mass = self.tree.total(ops)
-        total = mass - excluded_mass(view, self.tree, n)
+        excluded = excluded_mass(view, self.tree, n)
+        total = mass if excluded is None else mass - excluded
         count = ops.to_int64(total > mass * _EMPTY_SHARE)
         # Stratified over all the mass; draws that land on a row that cannot start a window are drawn again.
-        segment, t, leaf, ok = self._draw(view, view.uniform([size]), mass, n, stratified=True)
+        segment, t, leaf, ok, all_ok = self._draw(view, view.uniform([size]), mass, n, stratified=True)
 
         def round_(found: Any, segment: Any, t: Any, leaf: Any) -> tuple:
-            seg, start, value, good = self._draw(view, view.uniform([size]), mass, n, stratified=False)
+            seg, start, value, good, _ = self._draw(view, view.uniform([size]), mass, n, stratified=False)
             take = good & ~found
             return found | good, ops.where(take, seg, segment), ops.where(take, start, t), ops.where(take, value, leaf)
 
@@ -155,13 +163,15 @@ class PrioritizedSampler:
 
             return ops.cond(ops.all(found) | (count <= 0), lambda: (seg, start, value), exact)
 
-        segment, t, leaf = ops.cond(ops.all(ok), lambda: (segment, t, leaf), redraw)
-        probs = ops.to_float32(leaf / ops.where(count > 0, total, ops.ones_like(total)))
+        segment, t, leaf = ops.cond(all_ok, lambda: (segment, t, leaf), redraw)
+        # An empty buffer's sample is refused: dividing by 1 more only keeps its probabilities finite.
+        probs = ops.to_float32(leaf / (total + ops.to_float64(count <= 0)))
         return segment, t, probs, count
 
-    def _draw(self, view: View, uniform: Any, mass: Any, n: int, stratified: bool) -> tuple[Any, Any, Any, Any]:
+    def _draw(self, view: View, uniform: Any, mass: Any, n: int, stratified: bool) -> tuple:
         """Leaves at masses `(i + uniform_i) / size * mass` (stratified) or `uniform_i * mass`:
-        `(segment, local id, leaf value, whether a window starts there)`; ring windows in one native call."""
+        `(segment, local id, leaf value, whether a window starts there, whether all do)`; ring windows in one
+        native call."""
         ops = view.ops
         if view.window is None:
             drawn = self.tree.ring_draw(ops, view.num_adds, uniform, view.max_length, n, stratified)
@@ -174,7 +184,8 @@ class PrioritizedSampler:
         segment, slot = rows % view.num_segments, rows // view.num_segments
         newest = ops.gather(view.num_adds, segment) - 1
         t = newest - (newest - slot) % view.max_length  # the live id stored in that slot
-        return segment, t, leaf, startable(view, segment, t, n) & (leaf > 0)
+        ok = startable(view, segment, t, n) & (leaf > 0)
+        return segment, t, leaf, ok, ops.all(ok)
 
     def _scan(self, view: View, size: int, n: int) -> tuple[Any, Any, Any]:
         """Exact draws over every row (the rare samples that kept missing): `(segment, t, leaf value)`."""
@@ -196,7 +207,7 @@ def young(view: View, n: int) -> Any:
     """Per segment, how many of its newest items cannot start a window of `n` (the write head, or for
     padded windows an unfinished episode)."""
     window = view.window if view.padded else None
-    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.pos_at, view.ended, view.ops)
+    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.pos_at, view.ends_at, view.ops)
 
 
 def startable(view: View, segment: Any, t: Any, n: int) -> Any:
@@ -220,7 +231,8 @@ def startable(view: View, segment: Any, t: Any, n: int) -> Any:
 
 
 def excluded_mass(view: View, tree: SumTree, n: int) -> Any:
-    """The mass of live rows that cannot start a window of `n` now (`startable` is false).
+    """The mass of live rows that cannot start a window of `n` now (`startable` is false), or None when no such
+    row can exist (single items without frame history).
 
     Besides rows of leaf 0, only a bounded set of each segment can hold such
     rows: its `young` newest items (at most `n - 1`) and, through the episode
@@ -229,6 +241,8 @@ def excluded_mass(view: View, tree: SumTree, n: int) -> Any:
     """
     ops = view.ops
     history = view.window.history if view.window is not None else 0
+    if n == 1 and not history:  # no young items (`young` is at most n - 1) and no history to lose
+        return None
     adds = ops.reshape(view.num_adds, [-1, 1])
     min_id = adds - ops.minimum(adds, view.max_length)
     first_young = adds - ops.reshape(young(view, n), [-1, 1])

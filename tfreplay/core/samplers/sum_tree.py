@@ -1,9 +1,15 @@
 """A sum tree in one float64 array or variable, with a native and an array-op path.
 
 `tree[2 * leaves]` (`leaves`, a power of two, at least the number of rows):
-node 1 is the root, node `k` has children `2k` and `2k + 1`, row `r`'s leaf is
-node `leaves + r`. A descent maps masses to rows, an update writes leaves and
-repairs their ancestors; both go level by level over the whole batch.
+node 1 is the root, a node `k` of fanout `f` has children `f * k` to
+`f * k + f - 1`, row `r`'s leaf is node `leaves + r`. Every node has 8
+children (one cache line) except the root, which has 2, 4 or 8; a level of
+`n` nodes is `[n, 2n)`. A node holds the sum of its children added first to
+last; a descent passes child `j` while its target is at least the running sum
+of children `0..j` and goes on with the target minus the last sum it passed.
+An update writes leaves and repairs their ancestors; both go level by level
+over the whole batch. (A binary tree's 1M-row descent missed the cache at each
+of 20 levels; this one has 7.)
 
 Both loops run in compiled code when they can (`tfreplay.native`: ctypes for
 NumPy arrays, TF ops for a variable on the CPU outside XLA), else in array
@@ -13,6 +19,7 @@ order, so they build bit-identical trees and draw the same rows.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Callable
 
 import numpy as np
@@ -21,6 +28,17 @@ import tensorflow as tf
 from tfreplay import native
 from tfreplay.core import stacks
 from tfreplay.core.twin_tf import under_xla
+
+FANOUT = 8
+# The layout, in a prioritized buffer's checkpoint record: a checkpoint of another layout (the binary tree of
+# tfreplay before it, with no such field) is refused rather than restored into wrong sums.
+LAYOUT = f"fanout {FANOUT}"
+
+
+def fanouts(leaves: int) -> list[int]:
+    """The fanout of each level from the root down: 2, 4 or 8 at the root, 8 below (their product is `leaves`)."""
+    bits = leaves.bit_length() - 1
+    return [1 << (bits % 3 or 3)] + [FANOUT] * ((bits - 1) // 3) if bits else []
 
 
 class SumTree:
@@ -33,9 +51,11 @@ class SumTree:
 
     def __init__(self, make: Callable, num_rows: int, use_native: bool = True):
         self.leaves = 1 << max(num_rows - 1, 0).bit_length()
-        self.depth = self.leaves.bit_length() - 1
+        self.fanouts = fanouts(self.leaves)
         self.array = make("sampler/sum_tree", [2 * self.leaves], tf.float64)
         self.use_native = use_native
+        # The NumPy array is never replaced (a restore copies into it): its address is taken once.
+        self._address = _address(self.array) if isinstance(self.array, np.ndarray) else 0
 
     def _kernel(self) -> Any:
         """The ctypes library (NumPy), the TF op module (a CPU variable outside XLA), or None."""
@@ -46,6 +66,10 @@ class SumTree:
         if under_xla() or not stacks.on_cpu(self.array):
             return None
         return native.sum_tree_ops()
+
+    def compiled(self) -> bool:
+        """Whether the loops run in compiled code here (decided when called: eagerly, or while tracing)."""
+        return self._kernel() is not None
 
     def total(self, ops: Any) -> Any:
         """The sum of every leaf."""
@@ -64,21 +88,29 @@ class SumTree:
             return self._set_ops(ops, rows, values)
         if isinstance(self.array, np.ndarray):
             rows, values = _c(rows, np.int64), _c(values, np.float64)
-            kernel.tfreplay_sum_tree_set(
-                self.array.ctypes.data, self.leaves, rows.ctypes.data, values.ctypes.data, rows.size
-            )
+            kernel.tfreplay_sum_tree_set(self._address, self.leaves, _address(rows), _address(values), rows.size)
             return []
         return [kernel.tfreplay_sum_tree_set(self.array.handle, tf.reshape(rows, [-1]), tf.reshape(values, [-1]))]
 
-    def _set_ops(self, ops: Any, rows: Any, values: Any) -> list:
-        node = rows + self.leaves
-        updates = [ops.scatter(self.array, node, values)]
-        for _ in range(self.depth):  # each level after the one below
-            node = node // 2
+    def _children(self, ops: Any, node: Any, f: int) -> tuple:
+        """The values of the `f` children of each node, first to last."""
+        return ops.unstack(ops.gather(self.array, ops.arange(f)[:, None] + f * ops.reshape(node, [1, -1])), 0)
 
-            def climb(node: Any = node) -> Any:
-                sums = ops.gather(self.array, 2 * node) + ops.gather(self.array, 2 * node + 1)
-                return ops.scatter(self.array, node, sums)
+    def _set_ops(self, ops: Any, rows: Any, values: Any) -> list:
+        node = ops.reshape(rows, [-1]) + self.leaves
+        updates = [ops.scatter(self.array, node, ops.reshape(values, [-1]))]
+        for f in reversed(self.fanouts):  # each level after the one below
+            node = node // f
+
+            def climb(node: Any = node, f: int = f) -> Any:
+                if isinstance(self.array, np.ndarray):  # one accumulate: the same additions, in order
+                    block = self.array[np.arange(f)[:, None] + f * node]  # [f, n]: each step vectorised over n
+                    return ops.scatter(self.array, node, np.add.accumulate(block)[-1])
+                children = self._children(ops, node, f)
+                total = children[0]
+                for child in children[1:]:  # first to last (a TF graph may make this one AddN: same order)
+                    total = total + child
+                return ops.scatter(self.array, node, total)
 
             updates = [ops.after(updates, climb)]
         return updates
@@ -92,25 +124,43 @@ class SumTree:
         if isinstance(self.array, np.ndarray):
             targets = _c(targets, np.float64)
             rows, mass = np.empty(targets.shape, np.int64), np.empty(targets.shape, np.float64)
-            data = self.array.ctypes.data
             kernel.tfreplay_sum_tree_descend(
-                data, self.leaves, targets.ctypes.data, targets.size, rows.ctypes.data, mass.ctypes.data
+                self._address, self.leaves, _address(targets), targets.size, _address(rows), _address(mass)
             )
             return rows, mass
         return kernel.tfreplay_sum_tree_descend(self.array.handle, targets)
 
     def _descend_ops(self, ops: Any, u: Any) -> tuple[Any, Any]:
+        """The descent in array ops: NumPy, or TF (also under XLA)."""
+        if isinstance(self.array, np.ndarray):
+            return self._descend_numpy(u)
         node = ops.ones_like(ops.to_int64(u))
-        for _ in range(self.depth):
-            left = ops.gather(self.array, 2 * node)
-            right = u >= left
-            u = ops.where(right, u - left, u)
-            node = 2 * node + ops.to_int64(right)
+        for f in self.fanouts:
+            children = self._children(ops, node, f)
+            running = [children[0]]
+            for child in children[1 : f - 1]:  # first to last
+                running.append(running[-1] + child)
+            sums = tf.stack(running)  # [f - 1, n]
+            past = u >= sums
+            u = u - tf.reduce_max(tf.where(past, sums, tf.zeros_like(sums)), 0)  # sums only grow: the last passed
+            node = f * node + tf.reduce_sum(tf.cast(past, tf.int64), 0)
         return node - self.leaves, ops.gather(self.array, node)
+
+    def _descend_numpy(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`_descend_ops` over whole child blocks: ufunc.accumulate adds in order, so the running sums are the
+        same floats."""
+        u = np.asarray(u, np.float64).reshape(-1)
+        node = np.ones(u.shape, np.int64)
+        for f in self.fanouts:  # [f - 1, n] blocks: each step of the accumulation is vectorised over n
+            running = np.add.accumulate(self.array[np.arange(f - 1)[:, None] + f * node])
+            past = u >= running
+            u = u - np.where(past, running, 0.0).max(axis=0)  # running sums only grow: the last one passed
+            node = f * node + past.sum(axis=0)
+        return node - self.leaves, self.array[node]
 
     # Ring windows (no episode index) in one native call each; None without the kernel.
     def ring_draw(self, ops: Any, num_adds: Any, uniform: Any, max_length: int, n: int, stratified: bool) -> Any:
-        """`(segment, t, leaf, ok)` as `PrioritizedSampler._draw` computes them, or None."""
+        """`(segment, t, leaf, ok, all ok)` as `PrioritizedSampler._draw` computes them, or None."""
         kernel = self._kernel()
         if kernel is None:
             return None
@@ -119,52 +169,76 @@ class SumTree:
                 self.array.handle, num_adds, uniform, max_length=max_length, num_steps=n, stratified=stratified
             )
         adds, uniform = _c(num_adds, np.int64), _c(uniform, np.float64)
-        segment, t = np.empty(uniform.shape, np.int64), np.empty(uniform.shape, np.int64)
-        leaf, ok = np.empty(uniform.shape, np.float64), np.empty(uniform.shape, np.bool_)
-        kernel.tfreplay_ring_draw(
-            self.array.ctypes.data,
+        size = uniform.size
+        out = np.empty([4, size], np.int64)  # segment, t, leaf (float64), ok (bool): one allocation, one address
+        at = _address(out)
+        all_ok = kernel.tfreplay_ring_draw(
+            self._address,
             self.leaves,
-            adds.ctypes.data,
+            _address(adds),
             adds.size,
             max_length,
             n,
-            uniform.ctypes.data,
-            uniform.size,
+            _address(uniform),
+            size,
             stratified,
-            segment.ctypes.data,
-            t.ctypes.data,
-            leaf.ctypes.data,
-            ok.ctypes.data,
+            at,
+            at + 8 * size,
+            at + 16 * size,
+            at + 24 * size,
         )
-        return segment, t, leaf, ok
+        return out[0], out[1], out[2].view(np.float64), out[3].view(np.bool_)[:size], all_ok
 
-    def ring_update(self, ops: Any, num_adds: Any, ids: Any, values: Any, priorities: Any, max_length: int) -> Any:
-        """Sets live ids' leaves (stale ones change nothing): `(updates, stale count, largest live priority)`, or
-        None."""
+    def ring_update(
+        self, ops: Any, num_adds: Any, ids: Any, priorities: Any, alpha: float, max_priority: Any, max_length: int
+    ) -> Any:
+        """Checks the priorities, sets live ids' leaves to `priority ** alpha` (stale ones change nothing) and
+        raises `max_priority`: `(updates, stale count)`, or None without the kernel. A bad priority raises
+        (TF: `InvalidArgumentError` when the op runs) and changes nothing."""
         kernel = self._kernel()
         if kernel is None:
             return None
         if not isinstance(self.array, np.ndarray):
-            stale, largest = kernel.tfreplay_ring_update(
-                self.array.handle, num_adds, ids, values, priorities, max_length=max_length
+            stale = kernel.tfreplay_ring_update(
+                self.array.handle,
+                max_priority.handle,
+                num_adds,
+                ids,
+                ops.power(priorities, alpha),
+                priorities,
+                max_length=max_length,
             )
-            return [stale, largest], stale, largest
-        adds, ids = _c(num_adds, np.int64), _c(ids, np.int64)
-        values, priorities = _c(values, np.float64), _c(priorities, np.float64)
-        out = np.empty(2, np.float64)
-        kernel.tfreplay_ring_update(
-            self.array.ctypes.data,
+            return [stale], stale
+        adds, ids, priorities = _c(num_adds, np.int64), _c(ids, np.int64), _c(priorities, np.float64)
+        values = ops.power(np.abs(priorities), alpha)  # the same for good priorities; no warning for bad ones
+        stale = kernel.tfreplay_ring_update(
+            self._address,
             self.leaves,
-            adds.ctypes.data,
+            _address(adds),
             adds.size,
             max_length,
-            ids.ctypes.data,
-            values.ctypes.data,
-            priorities.ctypes.data,
+            _address(ids),
+            _address(values),
+            _address(priorities),
             ids.size,
-            out.ctypes.data,
+            _address(max_priority),
         )
-        return [], np.int64(out[0]), out[1]
+        if stale < 0:  # a bad priority: nothing was written
+            from tfreplay.core.buffer import check_priorities  # here: the buffer module imports the samplers
+
+            check_priorities(ids.shape, priorities.shape, priorities)  # raises, naming the bad values
+        return [], np.int64(stale)
+
+
+def _address(array: np.ndarray) -> int:
+    """The address of a contiguous array's data (a third of the cost of `array.ctypes.data`)."""
+    try:
+        return ctypes.addressof(_BYTES(array))
+    except (TypeError, ValueError):  # read-only or empty
+        return array.__array_interface__["data"][0]
+
+
+_BYTES: Any = ctypes.c_char.from_buffer  # takes any writable buffer (an ndarray is one)
 
 
 def _c(array: Any, dtype: Any) -> np.ndarray:

@@ -59,7 +59,7 @@ class UniformSampler:
         window, pos_at = view.window, view.pos_at
         if not view.padded:
             return window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, n, ops)
-        young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ended, ops)
+        young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ends_at, ops)
         if window.lead == 0 and window.history == 0:
             _, counts = window.draw_range(view.num_adds, view.max_length, 1, ops)
             return ops.sum(ops.maximum(counts - young, 0))
@@ -78,37 +78,38 @@ class UniformSampler:
         window, pos_at = view.window, view.pos_at
         start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
         if view.padded:  # single items, less each segment's newest that cannot start a padded window
-            young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ended, ops)
+            young = episodes.young_starts(view.num_adds, view.max_length, n, window, pos_at, view.ends_at, ops)
             counts = ops.maximum(counts - young, 0)
             if window.lead == 0 and window.history == 0:  # rows: every item in range starts a window
                 count = ops.sum(counts)
                 seg, offset = ring.locate(view.draw([size], count), counts, ops)
                 return seg, ops.gather(start, seg) + offset, ops.probability([size], count), count
-            count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, 1, ops) - ops.sum(young)
-            last = view.num_adds - 1 - young  # the newest start drawable in each segment
+            m, last, less = 1, view.num_adds - 1 - young, ops.sum(young)  # last: the newest start drawable
         else:
-            count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, n, ops)
-            last = None
-        m = 1 if view.padded else n  # the window length whose validity a start needs
-        segment, t = self._draw_valid(view, start, counts, m, last, size, count)
+            m, last, less = n, None, 0  # m: the window length whose validity a start needs
+        segment, t, count = self._draw_valid(view, start, counts, m, last, size, less)
         return segment, t, ops.probability([size], count), count
 
     def _draw_valid(
-        self, view: View, start: Any, counts: Any, n: int, last: Any, size: int, count: Any
-    ) -> tuple[Any, Any]:
-        """Uniform starts among the valid windows of `n` at `start[s] + [0, counts[s])` (and at most `last[s]`)."""
+        self, view: View, start: Any, counts: Any, n: int, last: Any, size: int, less: Any
+    ) -> tuple[Any, Any, Any]:
+        """`(segment, t, count)`: uniform starts among the `count` valid windows of `n` at
+        `start[s] + [0, counts[s])` (and at most `last[s]`); `less` is taken off the index's count."""
         ops, window, pos_at = view.ops, view.window, view.pos_at
         assert window is not None and pos_at is not None
         total = ops.sum(counts)
 
-        def round_(found: Any, segment: Any, t: Any) -> tuple[Any, Any, Any]:
-            draws = view.draw([_CANDIDATES * size], total)
-            seg, offset = ring.locate(draws, counts, ops)
+        def candidates() -> tuple[Any, Any, Any, Any]:
+            seg, offset = ring.locate(view.draw([_CANDIDATES * size], total), counts, ops)
             first = ops.gather(start, seg)
             cand = first + offset
-            ends = ring.local_to_rows(cand + (n - 1), seg, view.max_length, view.num_segments)[0]
-            ok = window.is_valid(cand, pos_at(ends), first - window.lead, n)
-            ok = ops.reshape(ok, [_CANDIDATES, size])
+            return seg, cand, first, ring.local_to_rows(cand + (n - 1), seg, view.max_length, view.num_segments)[0]
+
+        def keep(state: tuple, drawn: tuple, end_pos: Any) -> tuple[Any, Any, Any]:
+            """Each sample still missing takes its first valid candidate."""
+            found, segment, t = state
+            seg, cand, first, _ = drawn
+            ok = ops.reshape(window.is_valid(cand, end_pos, first - window.lead, n), [_CANDIDATES, size])
             pick = ops.argmax0(ok) * size + ops.arange(size)
             hit, take = ops.any0(ok), ops.any0(ok) & ~found
             return (
@@ -117,9 +118,26 @@ class UniformSampler:
                 ops.where(take, ops.gather(cand, pick), t),
             )
 
+        def round_(*state: Any) -> tuple[Any, Any, Any]:
+            drawn = candidates()
+            return keep(state, drawn, pos_at(drawn[3]))
+
+        drawn = candidates()
+        if window.counted(n):
+            # One read of `pos` for the count's edge rows and the first candidates' ends: XLA on CPU splits
+            # each gather from an array of 512 KB or more across two threads, a hand-off per read.
+            edge = window.edge_rows(view.num_adds, view.max_length, n, ops)
+            shape = [int(d) for d in edge.shape]
+            pos = pos_at(ops.concat([ops.reshape(edge, [-1]), drawn[3]]))
+            edge_pos = ops.reshape(pos[: shape[0] * shape[1]], shape)
+            count = window.count_from(view.num_adds, view.pos_counts, edge_pos, view.max_length, n, ops) - less
+            end_pos = pos[shape[0] * shape[1] :]
+        else:
+            count = window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, n, ops) - less
+            end_pos = pos_at(drawn[3])
         zeros = ops.zeros_like(ops.arange(size))
-        state = (zeros < 0, zeros, zeros)
-        found, segment, t = ops.loop(lambda found, *_: ~ops.all(found), round_, state, _ROUNDS)
+        state = keep((zeros < 0, zeros, zeros), drawn, end_pos)
+        found, segment, t = ops.loop(lambda found, *_: ~ops.all(found), round_, state, _ROUNDS - 1)
 
         def exact() -> tuple[Any, Any]:
             mask, starts = window.grid(view.num_adds, pos_at, view.max_length, n, False, ops)
@@ -133,4 +151,5 @@ class UniformSampler:
             seg, st = pick // view.max_length, ops.gather(ops.reshape(starts, [-1]), pick)
             return ops.where(found, segment, seg), ops.where(found, t, st)
 
-        return ops.cond(ops.all(found) | (count <= 0), lambda: (segment, t), exact)
+        segment, t = ops.cond(ops.all(found) | (count <= 0), lambda: (segment, t), exact)
+        return segment, t, count
