@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from tfreplay.core.ops import under_xla
 from tfreplay.core.rate_limiter import BufferClosedError, RateLimiter
 
 _POLL = 0.1  # seconds a dataset's tick waits before it lets tf.data look again (so an iterator can be deleted)
@@ -156,8 +157,6 @@ class Gate:
             return tf.nest.map_structure(tf.identity, out)
 
     def _refuse_xla(self, where: str) -> None:
-        from tfreplay.core.twin_tf import under_xla  # the TF twin imports this module
-
         if under_xla():
             raise NotImplementedError(
                 f"{where}: a buffer with a rate_limiter cannot wait inside an XLA-compiled function "

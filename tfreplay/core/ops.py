@@ -16,6 +16,18 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+try:  # XLA has no mutex op and cannot raise: the twins check this to skip locks and assertions.
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
+except ImportError:  # pragma: no cover
+
+    def _in_xla_graph(graph: Any) -> bool:
+        return False
+
+
+def under_xla() -> bool:
+    """Whether ops are being traced into an XLA (`jit_compile`) function."""
+    return not tf.executing_eagerly() and _in_xla_graph(tf.compat.v1.get_default_graph())
+
 
 def _np_scatter(array: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
     # One add usually fills a contiguous run of rows: a slice copy is a memcpy.

@@ -28,18 +28,10 @@ from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
 from tfreplay.core.gate import Gate
-from tfreplay.core.ops import TF_OPS
+from tfreplay.core.ops import TF_OPS, under_xla
 from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
 from tfreplay.core.storage import spec_nbytes
-
-try:  # XLA has no mutex op: inside jit_compile the critical section is skipped.
-    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
-except ImportError:  # pragma: no cover
-
-    def _in_xla_graph(graph: Any) -> bool:
-        return False
-
 
 # Samples of at least this many bytes copy their rows outside the lock (see `TFBuffer._sample`): there the copy
 # costs more than the overwrite check and its fallback branch, and parallel samplers copy side by side.
@@ -70,11 +62,6 @@ class EagerFunctions:
             traced = tf.function(fn, autograph=False, jit_compile=jit_compile)
             self._fns[key] = traced.get_concrete_function(*signature)
         return self._fns[key]
-
-
-def under_xla() -> bool:
-    """Whether ops are being traced into an XLA (`jit_compile`) function."""
-    return not tf.executing_eagerly() and _in_xla_graph(tf.compat.v1.get_default_graph())
 
 
 def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tfreplay import native
 from tfreplay.core import stacks
-from tfreplay.core.twin_tf import under_xla
+from tfreplay.core.ops import under_xla
 
 FANOUT = 8
 # The layout, in a prioritized buffer's checkpoint record: a checkpoint of another layout (the binary tree of
