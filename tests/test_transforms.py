@@ -11,6 +11,8 @@ transform makes of them. Eagerly, inside `tf.function` and through
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -357,6 +359,20 @@ def test_a_stored_recurrent_state_is_read_like_any_field(kind):
     t, segment = first // 2, first % 2
     np.testing.assert_allclose(state[:, :, 0, 0], t[:, None] + np.arange(3) + segment[:, None] / 10, rtol=1e-6)
     assert ((t % 6) <= 3).all(), "a strict sequence of 3 never crosses an episode start"
+
+
+@pytest.mark.parametrize("kind", sorted(ROWS))
+def test_a_new_transform_per_call_is_not_kept_alive(kind):
+    # A loop that builds its transform in every call must not make the buffer hold every one of them.
+    rb = fill_rows(kind, [episode_stream(np.random.default_rng(s), 40, 9) for s in range(2)], max_length=16)
+    first = NStepReturns(n=3, gamma=0.9)
+    rb.get_next(sample_batch_size=4, transform=first)
+    kept = weakref.ref(first)
+    del first
+    for _ in range(200):
+        rb.get_next(sample_batch_size=4, transform=NStepReturns(n=3, gamma=0.9))
+    gc.collect()
+    assert kept() is None
 
 
 def filled(kind: str, rng, seed: int, rows: dict, frames: dict, **kwargs):

@@ -27,6 +27,8 @@ from tfreplay.core.samplers import View
 from tfreplay.core.single_pass import SinglePass
 from tfreplay.core.specs import Nest
 
+# Transforms remembered as checked (`ComposedBuffer._served`): enough for a program's own few.
+_SERVED_MAX = 64
 PRIORITIES_RULE = "update_priorities: every priority must be finite and non-negative; nothing was updated."
 
 
@@ -220,6 +222,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 f"{type(self._sampler).__name__} does not draw."
             )
         transform.output_spec(self._storage.item_spec)  # raises on fields it cannot use
+        if len(self._served) >= _SERVED_MAX:  # a new transform object per call must not grow it without bound
+            self._served.clear()
         self._served[id(transform)] = (transform, transforms.leaf_steps(transform, self._storage.item_spec))
 
     def _served_steps(self, transform: Any) -> list | None:
