@@ -100,6 +100,8 @@ def static_int(where: str, name: str, value: Any) -> Any:
     Sample shapes are fixed when a sample is traced, so a tensor's value must
     be known then: an eager tensor or a graph constant.
     """
+    if value is None or type(value) is int:  # the common case, before tf.is_tensor's slower checks
+        return value
     if isinstance(value, np.integer):
         return int(value)
     if not tf.is_tensor(value):
