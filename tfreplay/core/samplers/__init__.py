@@ -35,9 +35,9 @@ class View:
     `window` is None when episodes do not matter (plain ring windows);
     otherwise windows are drawn through the episode index (`pos_at`,
     `pos_counts`) with the storage's window shape. With `padded`, windows may
-    run past their episode's end (`episodes.young_starts` is the rule;
-    `ends_at(rows)`: whether the items at storage rows carry an end flag,
-    None without end fields).
+    run past their episode's end (`episodes.young_starts` is the rule; it
+    reads `newest_pos` and `newest_end`, per segment the newest item's `pos`
+    and end flag, None without end fields).
     A sampler says what it draws beyond plain ring windows with
     `episode_windows = True` (strict windows through the index) and
     `padded_windows = True`; the buffer refuses other requests.
@@ -53,4 +53,5 @@ class View:
     pos_at: Callable[[Any], Any] | None = None
     pos_counts: Any = None
     padded: bool = False
-    ends_at: Callable[[Any], Any] | None = None
+    newest_pos: Any = None
+    newest_end: Any = None
