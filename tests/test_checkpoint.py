@@ -348,6 +348,15 @@ def test_the_pre_format_pickle_state_is_refused_without_running_it(payload, tmp_
 
 
 NEWER_FORMAT = r"format \(2\) must be 1; it was written by another tfreplay version"
+BEFORE_NEWEST = r"episode index \(without index_newest\) must record each segment's newest item; .* refill the buffer"
+
+
+def without_newest(path: str) -> str:
+    layout = json.loads(saved_layout(path))
+    del layout["index_newest"]
+    return json.dumps(layout)
+
+
 # (kind, entry, its crafted value (a callable of the payload and the saved path), the message)
 CRAFTED = [
     ("py-uniform", "rng", lambda p, _: p, r"rng state \(b'.*\) must be JSON written by tfreplay"),
@@ -367,6 +376,9 @@ CRAFTED = [
     ),
     ("py-uniform", "layout", lambda p, path: saved_layout(path, format=2), NEWER_FORMAT),
     ("tf-frames", "py_state", lambda p, path: saved_layout(path, format=2), NEWER_FORMAT),
+    # Written before the episode index kept each segment's newest item.
+    ("py-frames", "layout", lambda p, path: without_newest(path), BEFORE_NEWEST),
+    ("tf-frames", "py_state", lambda p, path: without_newest(path), BEFORE_NEWEST),
     (
         "py-uniform",
         "array/storage/id",

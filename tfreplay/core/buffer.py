@@ -145,6 +145,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         """What a checkpoint must match to restore into this buffer (see `checkpoint.layout`)."""
         history_len = getattr(self._storage, "history_len", None)
         record = checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
+        if self._rule is not None:  # the index keeps each segment's newest pos and end flag
+            record["index_newest"] = True
         if getattr(self._sampler, "tree_layout", None):  # prioritized: how the sum tree's nodes are laid out
             record["sum_tree"] = self._sampler.tree_layout
         return record
@@ -389,18 +391,18 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             step_rows, ids = ring.window_rows(segment, t, n, *layout, ops)
             return self._storage.plan(segment, t, step_rows, n, pos_at, ops), ids, probs, count
         local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
-        step_rows, ids = ring.local_to_rows(local, segment[:, None], *layout)
+        step_rows, ids = ring.rows_of(local, segment[:, None], *layout), ring.local_to_rows(t, segment, *layout)[1]
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
         if view.padded:
             mask = episodes.window_mask(segment, local, step_rows, view.num_adds, view.pos_at, ops)
         else:
             mask = ops.ones_like(step_rows) > 0
         if not self._steps_of(transform):
-            return (plan, mask), ids[:, 0], probs, count
+            return (plan, mask), ids, probs, count
         # Each window's last real step, and the rows of its first and last: fields read there alone.
         last = ops.sum(ops.to_int64(mask), 1) - 1
-        last_rows = ring.local_to_rows(t + last, segment, *layout)[0]
-        return (plan, mask, last, step_rows[:, 0], last_rows), ids[:, 0], probs, count
+        last_rows = ring.rows_of(t + last, segment, *layout)
+        return (plan, mask, last, step_rows[:, 0], last_rows), ids, probs, count
 
     def _read_planned(self, plan: Any, num_steps: int | None, transform: Any = None) -> Any:
         """The bulk read of a plan: items, or with a transform `(items, mask)`."""
