@@ -393,10 +393,16 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
         step_rows, ids = ring.rows_of(local, segment[:, None], *layout), ring.local_to_rows(t, segment, *layout)[1]
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
-        if view.padded:
-            mask = episodes.window_mask(segment, local, step_rows, view.num_adds, view.pos_at, ops)
-        else:
+        if not view.padded:
             mask = ops.ones_like(step_rows) > 0
+        else:  # the stored items; with an index, those of the first item's episode
+            mask = episodes.window_mask(segment, local, view.num_adds, ops)
+            if view.pos_at is not None and not self._steps_of(transform):
+                # Whole windows: `pos` is read with the items (`_read_planned`), not in the draw: in a
+                # compiled draw XLA on CPU splits a gather from a large `pos` across threads.
+                return (plan, mask, step_rows), ids, probs, count
+            if view.pos_at is not None:
+                mask = mask & episodes.same_episode(view.pos_at(step_rows), ops)
         if not self._steps_of(transform):
             return (plan, mask), ids, probs, count
         # Each window's last real step, and the rows of its first and last: fields read there alone.
@@ -409,7 +415,9 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if transform is None:
             return self._storage.read(plan, num_steps, self._ops)
         plan, mask, *at = plan
-        if not at:
+        if len(at) == 1:  # padded whole windows: which stored items are steps of the first's episode
+            mask = mask & episodes.same_episode(self._pos_at(at[0]), self._ops)
+        if len(at) <= 1:
             return self._storage.read(plan, transform.num_steps, self._ops), mask
         return self._read_steps(plan, at, transform), mask
 
