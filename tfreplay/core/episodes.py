@@ -2,10 +2,11 @@
 
 Any buffer whose items carry episode boundaries keeps, beside the ring, `pos`
 (per storage row: the item's step index in its episode, 0 at an episode's
-first item) and `pos_counts` (per segment: how many live rows have each
-`pos`, the last bin holding every `pos >= POS_BINS - 1`). Both are updated
-on every write, including the rows a write overwrites, so samplers can
-count and draw windows that stay inside one episode without scanning.
+first item), `pos_counts` (per segment: how many live rows have each
+`pos`, the last bin holding every `pos >= POS_BINS - 1`) and `newest` (per
+segment: its newest item's `[pos, ended]`). All are updated on every write,
+including the rows a write overwrites, so samplers can count and draw
+windows that stay inside one episode without scanning.
 
 A window of `n` items starting at local id `t` ends at `e = t + n - 1`. For
 a storage with `lead` and `history` (rows: 0 and 0; frames: an item is the
