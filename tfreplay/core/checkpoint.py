@@ -88,14 +88,9 @@ def check_layout(saved: Any, expected: dict) -> None:
             f"{_WHERE}: the checkpoint's format ({_short(saved['format'])}) must be {FORMAT_VERSION}; "
             "it was written by another tfreplay version."
         )
-    if expected.get("index_newest") and "index_newest" not in saved and "index_bins" in saved:
-        raise ValueError(
-            f"{_WHERE}: the checkpoint's episode index must keep each segment's newest item (index_newest); "
-            "it was written by an earlier tfreplay, whose index lacks it. Restore it with that version, or "
-            "refill the buffer."
-        )
     for field in _FIELDS:
-        _check_field(field, saved.get(field), expected.get(field))
+        if field != "index_newest":
+            _check_field(field, saved.get(field), expected.get(field))
     leaves = saved.get("leaves")
     _check_field("leaves", list(leaves) if isinstance(leaves, dict) else leaves, list(expected["leaves"]))
     assert isinstance(leaves, dict)  # the check above compared its keys
@@ -103,6 +98,13 @@ def check_layout(saved: Any, expected: dict) -> None:
         got = leaves[path] if isinstance(leaves[path], dict) else {}
         for key in ("dtype", "shape"):
             _check_field(f"{key} of {path}", got.get(key), want[key])
+    if expected.get("index_newest") and "index_newest" not in saved:  # last: everything else matches
+        raise ValueError(
+            f"{_WHERE}: the checkpoint's episode index must keep each segment's newest item (index_newest); "
+            "it was written by an earlier tfreplay, whose index lacks it. Restore it with that version, or "
+            "refill the buffer."
+        )
+    _check_field("index_newest", saved.get("index_newest"), expected.get("index_newest"))
 
 
 def _check_field(field: str, saved: Any, mine: Any) -> None:
