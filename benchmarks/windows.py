@@ -81,6 +81,8 @@ def full_buffer(twin: str, capacity: int):
     put("index/num_adds", np.full([SEGMENTS], length, np.int64))
     per_segment = np.bincount(np.minimum(pos[::SEGMENTS], POS_BINS - 1), minlength=POS_BINS)
     put("index/pos_counts", np.tile(per_segment, (SEGMENTS, 1)).astype(np.int64))
+    newest = pos[-SEGMENTS:]  # each segment's newest item: its pos and whether it ended its episode
+    put("index/newest", np.stack([newest, newest == EPISODE - 1], 1).astype(np.int32))
     put("storage/step_type", np.where(pos == 0, 0, 1).astype(np.int32))
     put("storage/terminated", pos == EPISODE - 1)
     put("storage/discount", np.where(pos == EPISODE - 1, 0, 1).astype(np.float32))

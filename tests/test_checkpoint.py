@@ -335,6 +335,12 @@ def saved_layout(path: str, **changes) -> str:
     return json.dumps({**json.loads(reader.get_tensor(key)), **changes})
 
 
+def saved_layout_without(path: str, field: str) -> str:
+    layout = json.loads(saved_layout(path))
+    del layout[field]
+    return json.dumps(layout)
+
+
 def test_the_pre_format_pickle_state_is_refused_without_running_it(payload, tmp_path):
     old = tf.Module()
     old._checkpoint_state = PickledState(payload)
@@ -348,6 +354,7 @@ def test_the_pre_format_pickle_state_is_refused_without_running_it(payload, tmp_
 
 
 NEWER_FORMAT = r"format \(2\) must be 1; it was written by another tfreplay version"
+OLDER_INDEX = r"episode index must keep each segment's newest item \(index_newest\); it was written by an earlier"
 # (kind, entry, its crafted value (a callable of the payload and the saved path), the message)
 CRAFTED = [
     ("py-uniform", "rng", lambda p, _: p, r"rng state \(b'.*\) must be JSON written by tfreplay"),
@@ -367,6 +374,9 @@ CRAFTED = [
     ),
     ("py-uniform", "layout", lambda p, path: saved_layout(path, format=2), NEWER_FORMAT),
     ("tf-frames", "py_state", lambda p, path: saved_layout(path, format=2), NEWER_FORMAT),
+    # An index from before `index/newest` (a TF one also lacks the variable): never restored as stale state.
+    ("py-frames", "layout", lambda p, path: saved_layout_without(path, "index_newest"), OLDER_INDEX),
+    ("tf-frames", "py_state", lambda p, path: saved_layout_without(path, "index_newest"), OLDER_INDEX),
     (
         "py-uniform",
         "array/storage/id",

@@ -112,6 +112,9 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if episode_rule is not None:
             self._pos = self._make("index/pos", [self._capacity], tf.int32)
             self._pos_counts = self._make("index/pos_counts", [num_segments, episodes.POS_BINS], tf.int64)
+            # Per segment, its newest item's `[pos, ended]`: what a write continues from and what the padded-window
+            # rule reads, without gathering from the per-row arrays (XLA splits each gather from a large array).
+            self._newest = self._make("index/newest", [num_segments, 2], tf.int32)
         self._sampler = sampler.bind(self._make, self._capacity)
 
     @property
@@ -140,6 +143,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         """What a checkpoint must match to restore into this buffer (see `checkpoint.layout`)."""
         history_len = getattr(self._storage, "history_len", None)
         record = checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
+        if self._rule is not None:  # the index keeps each segment's newest item (see `_newest`)
+            record["index_newest"] = True
         if getattr(self._sampler, "tree_layout", None):  # prioritized: how the sum tree's nodes are laid out
             record["sum_tree"] = self._sampler.tree_layout
         return record
@@ -279,7 +284,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             pos_at=self._pos_at if has_index else None,
             pos_counts=self._ops.read(self._pos_counts) if has_index else None,
             padded=padded,
-            ends_at=self._stored_ends if padded and has_index and self._rule.ends else None,
+            newest=self._ops.read(self._newest) if padded and has_index else None,
         )
 
     def _num_frames(self) -> Any:
@@ -316,9 +321,13 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         def writes() -> list:
             updates = self._storage.write(rows, kept, ops)
             if self._rule is not None:
-                pos, bins, weights = reads[1:]
+                pos, bins, weights, newest = reads[1:]
                 updates.append(ops.scatter(self._pos, rows, ops.to_int32(ops.reshape(pos, [-1]))))
                 updates.append(ops.bin_add(self._pos_counts, bins[0], bins[1], weights))
+                if segments is None:
+                    updates.append(ops.assign(self._newest, newest))
+                else:
+                    updates.append(ops.scatter(self._newest, segments, newest))
             # Rows that can never start a window (a frame buffer's first frames), for samplers that weigh rows.
             lead = self._storage.window.lead
             startable = ops.reshape(reads[1], [-1]) >= lead if self._rule is not None and lead else None
@@ -334,20 +343,24 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
     def _index_updates(
         self, leaves: list, num_new: int, segments: Any, n: Any, local: Any, rows: Any, skip: int
     ) -> list:
-        """`[pos of the new rows, (segment, bin) pairs, +1/-1 weights]` for the episode index."""
-        ops, length, num_segments = self._ops, self._max_length, self._num_segments
+        """`[pos of the new rows, (segment, bin) pairs, +1/-1 weights, newest]` for the episode index
+        (`newest`: the written segments' new `[pos, ended]`, `[len(segments), 2]`)."""
+        ops, length = self._ops, self._max_length
         wanted = ([self._rule.start] if self._rule.start else []) + list(self._rule.ends)
         time_major = {p: ops.reshape(x, [num_new, -1]) for p, x in zip(self._leaf_paths, leaves) if p in wanted}
         starts, ends = self._rule.flags(time_major, ops)
         if num_new == 1:
             local, rows = local[None, :], rows[None, :]
-        prev_rows = ring.local_to_rows(ops.maximum(n - 1, 0), segments, length, num_segments)[0]
         has_prev = n > 0
+        prev = ops.read(self._newest) if segments is None else ops.gather(ops.read(self._newest), segments)
         if ends is not None:  # an item after an episode's last starts the next
-            prev_ended = self._stored_ends(prev_rows) & has_prev
+            prev_ended = (prev[:, 1] > 0) & has_prev
             shifted = ops.where(ops.arange(ends.shape[0])[:, None] == 0, prev_ended[None, :], _shift_down(ends, ops))
             starts = shifted if starts is None else starts | shifted
-        pos = episodes.new_pos(self._pos_at(prev_rows), has_prev, starts, ops)[skip:]
+        all_pos = episodes.new_pos(ops.to_int64(prev[:, 0]), has_prev, starts, ops)
+        ended = ops.zeros_like(all_pos[-1]) if ends is None else ops.to_int64(ends[-1])
+        newest = ops.to_int32(ops.stack([all_pos[-1], ended], 1))
+        pos = all_pos[skip:]
         old_min = n - ops.minimum(n, length)
         # The row of new id `w` held the newest older id of its residue (skipped ids never landed).
         held = local - length * ((local - n[None, :]) // length + 1)
@@ -358,14 +371,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         bins = ops.concat([ops.reshape(episodes.pos_bin(p, ops), [-1]) for p in (pos, old_pos)])
         added = ops.reshape(ops.ones_like(local), [-1])
         weights = ops.concat([added, -ops.reshape(ops.to_int64(overwritten), [-1])])
-        return [pos, (ops.concat([seg, seg]), bins), weights]
-
-    def _stored_ends(self, rows: Any) -> Any:
-        flags = [self._ops.gather(self._storage.by_path[p], rows) for p in self._rule.ends]
-        out = flags[0]
-        for f in flags[1:]:
-            out = out | f
-        return out
+        return [pos, (ops.concat([seg, seg]), bins), weights, newest]
 
     def _sample_plan(
         self, size: int, num_steps: int | None, transform: Any = None, view: View | None = None

@@ -4,7 +4,8 @@
 state every buffer keeps a *layout record* (`layout()`): the format version,
 the storage kind (`rows`, or `frames` with `history_len`), `batch_size`,
 `max_length`, `capacity`, the episode index's bins (`index_bins`: the shape
-of its per-segment counts), a prioritized buffer's sum-tree layout (`sum_tree`)
+of its per-segment counts; `index_newest`: it keeps each segment's newest
+item, which an older index did not), a prioritized buffer's sum-tree layout (`sum_tree`)
 and each spec leaf's path, dtype and shape. Restore
 compares the saved record with the buffer's own before any array or variable
 is overwritten: a mismatch raises `ValueError` naming the field, the saved
@@ -49,7 +50,7 @@ from tfreplay.core.specs import Nest
 
 FORMAT_VERSION = 1
 _WHERE = "checkpoint restore"
-_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins", "sum_tree")
+_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins", "index_newest", "sum_tree")
 
 
 def layout(data_spec: Nest, batch_size: int, max_length: int, history_len: int | None = None) -> dict:
@@ -88,7 +89,8 @@ def check_layout(saved: Any, expected: dict) -> None:
             "it was written by another tfreplay version."
         )
     for field in _FIELDS:
-        _check_field(field, saved.get(field), expected.get(field))
+        if field != "index_newest":
+            _check_field(field, saved.get(field), expected.get(field))
     leaves = saved.get("leaves")
     _check_field("leaves", list(leaves) if isinstance(leaves, dict) else leaves, list(expected["leaves"]))
     assert isinstance(leaves, dict)  # the check above compared its keys
@@ -96,6 +98,13 @@ def check_layout(saved: Any, expected: dict) -> None:
         got = leaves[path] if isinstance(leaves[path], dict) else {}
         for key in ("dtype", "shape"):
             _check_field(f"{key} of {path}", got.get(key), want[key])
+    if expected.get("index_newest") and "index_newest" not in saved:  # last: everything else matches
+        raise ValueError(
+            f"{_WHERE}: the checkpoint's episode index must keep each segment's newest item (index_newest); "
+            "it was written by an earlier tfreplay, whose index lacks it. Restore it with that version, or "
+            "refill the buffer."
+        )
+    _check_field("index_newest", saved.get("index_newest"), expected.get("index_newest"))
 
 
 def _check_field(field: str, saved: Any, mine: Any) -> None:

@@ -36,8 +36,7 @@ class View:
     otherwise windows are drawn through the episode index (`pos_at`,
     `pos_counts`) with the storage's window shape. With `padded`, windows may
     run past their episode's end (`episodes.young_starts` is the rule;
-    `ends_at(rows)`: whether the items at storage rows carry an end flag,
-    None without end fields).
+    `newest`: the index's `[pos, ended]` of each segment's newest item).
     A sampler says what it draws beyond plain ring windows with
     `episode_windows = True` (strict windows through the index) and
     `padded_windows = True`; the buffer refuses other requests.
@@ -53,4 +52,4 @@ class View:
     pos_at: Callable[[Any], Any] | None = None
     pos_counts: Any = None
     padded: bool = False
-    ends_at: Callable[[Any], Any] | None = None
+    newest: Any = None

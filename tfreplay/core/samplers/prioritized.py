@@ -207,7 +207,7 @@ def young(view: View, n: int) -> Any:
     """Per segment, how many of its newest items cannot start a window of `n` (the write head, or for
     padded windows an unfinished episode)."""
     window = view.window if view.padded else None
-    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.pos_at, view.ends_at, view.ops)
+    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.newest, view.ops)
 
 
 def startable(view: View, segment: Any, t: Any, n: int) -> Any:
