@@ -148,6 +148,25 @@ inline bool RingDraw(const double* tree, int64_t leaves, const int64_t* num_adds
   return all;
 }
 
+// The drawable mass counts as none below this share of the tree's sum (prioritized.py's _EMPTY_SHARE).
+constexpr double kEmptyShare = 1e-12;
+
+// Ring windows of one item: RingDraw (stratified), plus each draw's probability `leaf / mass` as float32 and
+// whether anything can be drawn (`*count`, 0 or 1; when 0 the probabilities divide by mass + 1 instead), all
+// from one read of the tree. As PrioritizedSampler.sample computes them; returns whether a window starts at
+// every draw (else the caller draws again).
+inline bool RingSample(const double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
+                       int64_t max_length, const double* uniform, int64_t size, int64_t* node, double* rest,
+                       int64_t* segment, int64_t* t, double* leaf, bool* ok, float* probs, int64_t* count) {
+  const bool all = RingDraw(tree, leaves, num_adds, num_segments, max_length, 1, uniform, size, true, node, rest,
+                            segment, t, leaf, ok);
+  const double mass = tree[1];
+  *count = mass > mass * kEmptyShare ? 1 : 0;
+  const double total = mass + (*count > 0 ? 0.0 : 1.0);
+  for (int64_t b = 0; b < size; ++b) probs[b] = static_cast<float>(leaf[b] / total);
+  return all;
+}
+
 // Whether every priority is finite and non-negative (an update with another changes nothing).
 inline bool PrioritiesOk(const double* priorities, int64_t size) {
   bool ok = true;

@@ -64,6 +64,27 @@ REGISTER_OP("TfreplayRingDraw")
       return absl::OkStatus();
     });
 
+REGISTER_OP("TfreplayRingSample")
+    .Input("tree: resource")
+    .Input("num_adds: int64")
+    .Input("uniform: float64")
+    .Output("segment: int64")
+    .Output("t: int64")
+    .Output("leaf: float64")
+    .Output("ok: bool")
+    .Output("all_ok: bool")
+    .Output("probs: float")
+    .Output("count: int64")
+    .Attr("max_length: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->input(2));
+      c->set_output(4, c->Scalar());
+      c->set_output(5, c->input(2));
+      c->set_output(6, c->Scalar());
+      return absl::OkStatus();
+    });
+
 REGISTER_OP("TfreplayRingUpdate")
     .Input("tree: resource")
     .Input("max_priority: resource")
@@ -199,6 +220,41 @@ class RingDrawOp : public OpKernel {
   bool stratified_;
 };
 
+class RingSampleOp : public OpKernel {
+ public:
+  explicit RingSampleOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("max_length", &max_length_));
+  }
+
+  void Compute(OpKernelContext* c) override {
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
+    tf_shared_lock guard(*var->mu());
+    const Tensor& tree = *var->tensor();
+    int64_t leaves = 0;
+    OP_REQUIRES_OK(c, Leaves(tree, &leaves));
+    const Tensor& num_adds = c->input(1);
+    OP_REQUIRES_OK(c, CheckRows(leaves, num_adds, max_length_));
+    const Tensor& uniform = c->input(2);
+    const int64_t size = uniform.NumElements();
+    Tensor* out[7];
+    for (int i = 0; i < 7; ++i) {
+      const bool scalar = i == 4 || i == 6;
+      OP_REQUIRES_OK(c, c->allocate_output(i, scalar ? TensorShape({}) : uniform.shape(), &out[i]));
+    }
+    std::vector<int64_t> node(size);
+    std::vector<double> rest(size);
+    out[4]->scalar<bool>()() = tfreplay::RingSample(
+        tree.flat<double>().data(), leaves, num_adds.flat<int64_t>().data(), num_adds.NumElements(), max_length_,
+        uniform.flat<double>().data(), size, node.data(), rest.data(), out[0]->flat<int64_t>().data(),
+        out[1]->flat<int64_t>().data(), out[2]->flat<double>().data(), out[3]->flat<bool>().data(),
+        out[5]->flat<float>().data(), &out[6]->scalar<int64_t>()());
+  }
+
+ private:
+  int64_t max_length_;
+};
+
 class RingUpdateOp : public OpKernel {
  public:
   explicit RingUpdateOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -248,6 +304,7 @@ class RingUpdateOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfreplayRingDraw").Device(DEVICE_CPU), RingDrawOp);
+REGISTER_KERNEL_BUILDER(Name("TfreplayRingSample").Device(DEVICE_CPU), RingSampleOp);
 REGISTER_KERNEL_BUILDER(Name("TfreplayRingUpdate").Device(DEVICE_CPU), RingUpdateOp);
 REGISTER_KERNEL_BUILDER(Name("TfreplaySumTreeDescend").Device(DEVICE_CPU), DescendOp);
 REGISTER_KERNEL_BUILDER(Name("TfreplaySumTreeSet").Device(DEVICE_CPU), SetOp);

@@ -140,12 +140,27 @@ class PrioritizedSampler:
                 "(frame buffers, within_episodes=True): the probability of such a window cannot be kept exact. "
                 "Draw single items, or windows that may run past an episode's end (padded windows, with a mask)."
             )
+        uniform = view.uniform([size])
+        if view.window is None and n == 1:  # single items of ring windows: one native call, where built
+            fused = self.tree.ring_sample(ops, view.num_adds, uniform, view.max_length)
+            if fused is not None:
+                segment, t, leaf, ok, all_ok, probs, count = fused
+                first = (segment, t, leaf, ok, all_ok)
+                return ops.cond(
+                    all_ok, lambda: (segment, t, probs, count), lambda: self._drawn(view, size, n, uniform, first)
+                )
+        return self._drawn(view, size, n, uniform)
+
+    def _drawn(self, view: View, size: int, n: int, uniform: Any, first: tuple | None = None) -> tuple:
+        """`sample` from its first uniform draws (or, `first`, what the stratified draw at them found)."""
+        ops = view.ops
         mass = self.tree.total(ops)
         excluded = excluded_mass(view, self.tree, n)
         total = mass if excluded is None else mass - excluded
         count = ops.to_int64(total > mass * _EMPTY_SHARE)
         # Stratified over all the mass; draws that land on a row that cannot start a window are drawn again.
-        segment, t, leaf, ok, all_ok = self._draw(view, view.uniform([size]), mass, n, stratified=True)
+        drawn = self._draw(view, uniform, mass, n, stratified=True) if first is None else first
+        segment, t, leaf, ok, all_ok = drawn
 
         def round_(found: Any, segment: Any, t: Any, leaf: Any) -> tuple:
             seg, start, value, good, _ = self._draw(view, view.uniform([size]), mass, n, stratified=False)

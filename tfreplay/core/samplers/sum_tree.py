@@ -189,6 +189,36 @@ class SumTree:
         )
         return out[0], out[1], out[2].view(np.float64), out[3].view(np.bool_)[:size], all_ok
 
+    def ring_sample(self, ops: Any, num_adds: Any, uniform: Any, max_length: int) -> Any:
+        """Single items of ring windows: the first (stratified) draw of `PrioritizedSampler.sample` with its
+        probabilities, from one read of the tree: `(segment, t, leaf, ok, all ok, probabilities, count)`, or None
+        without the kernel."""
+        kernel = self._kernel()
+        if kernel is None:
+            return None
+        if not isinstance(self.array, np.ndarray):
+            return kernel.tfreplay_ring_sample(self.array.handle, num_adds, uniform, max_length=max_length)
+        adds, uniform = _c(num_adds, np.int64), _c(uniform, np.float64)
+        size = uniform.size
+        out = np.empty([5, size], np.int64)  # segment, t, leaf (float64), ok (bool), probabilities (float32)
+        at = _address(out)
+        code = kernel.tfreplay_ring_sample(
+            self._address,
+            self.leaves,
+            _address(adds),
+            adds.size,
+            max_length,
+            _address(uniform),
+            size,
+            at,
+            at + 8 * size,
+            at + 16 * size,
+            at + 24 * size,
+            at + 32 * size,
+        )
+        probs = out[4].view(np.float32)[:size]
+        return out[0], out[1], out[2].view(np.float64), out[3].view(np.bool_)[:size], code & 1, probs, code >> 1
+
     def ring_update(
         self, ops: Any, num_adds: Any, ids: Any, priorities: Any, alpha: float, max_priority: Any, max_length: int
     ) -> Any:
