@@ -82,6 +82,17 @@ inline double ChildSum(const double* child, int64_t f) {
   return sum;
 }
 
+// Recomputes the parents of `node` (nodes of fanout f) from their children and moves `node` up to them.
+inline void SetLevel(double* tree, int64_t f, int64_t size, int64_t* node) {
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t parent = node[i] / f;
+    // Rows of a sample come sorted, so near the root most parents were just summed for the row before.
+    if (i == 0 || parent != node[i - 1]) tree[parent] = f == kFanout ? ChildSum(tree + f * parent, kFanout)
+                                                                        : ChildSum(tree + f * parent, f);
+    node[i] = parent;
+  }
+}
+
 // Writes leaves (of duplicate rows, the last value wins), then each level's touched sums from their children,
 // bottom up: a sum is recomputed only after every child below it, so duplicates are harmless. `node` is
 // scratch of `size` entries.
@@ -93,14 +104,12 @@ inline void SumTreeSet(double* tree, int64_t leaves, const int64_t* rows, const 
   }
   const int64_t root = RootFanout(leaves);
   for (int64_t width = leaves; width > 1;) {  // `width` nodes on the level below the one summed now
-    const int64_t f = width == root ? root : kFanout;
-    for (int64_t i = 0; i < size; ++i) {
-      const int64_t parent = node[i] / f;
-      // Rows of a sample come sorted, so near the root most parents were just summed for the row before.
-      if (i == 0 || parent != node[i - 1]) tree[parent] = ChildSum(tree + f * parent, f);
-      node[i] = parent;
+    if (width == root) {
+      SetLevel(tree, root, size, node);
+      break;
     }
-    width /= f;
+    SetLevel(tree, kFanout, size, node);
+    width /= kFanout;
   }
 }
 

@@ -33,6 +33,7 @@ FANOUT = 8
 # The layout, in a prioritized buffer's checkpoint record: a checkpoint of another layout (the binary tree of
 # tfreplay before it, with no such field) is refused rather than restored into wrong sums.
 LAYOUT = f"fanout {FANOUT}"
+_UNSET = object()
 
 
 def fanouts(leaves: int) -> list[int]:
@@ -54,15 +55,19 @@ class SumTree:
         self.fanouts = fanouts(self.leaves)
         self.array = make("sampler/sum_tree", [2 * self.leaves], tf.float64)
         self.use_native = use_native
-        # The NumPy array is never replaced (a restore copies into it): its address is taken once.
+        # The NumPy array is never replaced (a restore copies into it): its address is taken once, and so is the
+        # library (looked up on first use: a lookup takes a lock).
         self._address = _address(self.array) if isinstance(self.array, np.ndarray) else 0
+        self._library: Any = _UNSET
 
     def _kernel(self) -> Any:
         """The ctypes library (NumPy), the TF op module (a CPU variable outside XLA), or None."""
         if not self.use_native:
             return None
         if isinstance(self.array, np.ndarray):
-            return native.sum_tree_library()
+            if self._library is _UNSET:
+                self._library = native.sum_tree_library()
+            return self._library
         if under_xla() or not stacks.on_cpu(self.array):
             return None
         return native.sum_tree_ops()
