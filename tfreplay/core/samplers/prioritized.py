@@ -37,6 +37,7 @@ import math
 from typing import Any, Callable
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from tfreplay.core import episodes, ring
 from tfreplay.core.samplers import View
@@ -146,8 +147,8 @@ class PrioritizedSampler:
             if fused is not None:
                 segment, t, leaf, ok, all_ok, probs, count = fused
                 first = (segment, t, leaf, ok, all_ok)
-                return ops.cond(
-                    all_ok, lambda: (segment, t, probs, count), lambda: self._drawn(view, size, n, uniform, first)
+                return _rare(
+                    ops, all_ok, lambda: (segment, t, probs, count), lambda: self._drawn(view, size, n, uniform, first)
                 )
         return self._drawn(view, size, n, uniform)
 
@@ -167,7 +168,7 @@ class PrioritizedSampler:
             take = good & ~found
             return found | good, ops.where(take, seg, segment), ops.where(take, start, t), ops.where(take, value, leaf)
 
-        def redraw() -> tuple[Any, Any, Any]:  # rare: one graph branch, so a sample that hit pays nothing for it
+        def redraw() -> tuple[Any, Any, Any]:  # rare: a sample that hit pays nothing for it
             found, seg, start, value = ops.loop(
                 lambda found, *_: ~ops.all(found), round_, (ok, segment, t, leaf), _ROUNDS
             )
@@ -178,7 +179,7 @@ class PrioritizedSampler:
 
             return ops.cond(ops.all(found) | (count <= 0), lambda: (seg, start, value), exact)
 
-        segment, t, leaf = ops.cond(all_ok, lambda: (segment, t, leaf), redraw)
+        segment, t, leaf = _rare(ops, all_ok, lambda: (segment, t, leaf), redraw)
         # An empty buffer's sample is refused: dividing by 1 more only keeps its probabilities finite.
         probs = ops.to_float32(leaf / (total + ops.to_float64(count <= 0)))
         return segment, t, probs, count
@@ -216,6 +217,18 @@ class PrioritizedSampler:
         pick = ops.minimum(pick, view.num_segments * view.max_length - 1)
         seg, t = pick // view.max_length, ops.gather(ops.reshape(t, [-1]), pick)
         return seg, t, ops.gather(weight, pick)
+
+
+def _rare(ops: Any, common: Any, then: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+    """`ops.cond(common, then, otherwise)` for an `otherwise` rarely taken. In a TF graph the `If` stays a
+    function call: lowered to switches, as a graph's conds are, each of the branch's ops would still cost the
+    executor a step whenever the branch is not taken."""
+    out = ops.cond(common, then, otherwise)
+    if isinstance(common, tf.Tensor) and not tf.executing_eagerly():
+        branch = tf.nest.flatten(out)[0].op.inputs[0].op  # the outputs are identities of the If's
+        if branch.type in ("If", "StatelessIf"):
+            branch._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    return out
 
 
 def young(view: View, n: int) -> Any:
