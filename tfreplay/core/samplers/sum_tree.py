@@ -59,6 +59,7 @@ class SumTree:
         # library (looked up on first use: a lookup takes a lock).
         self._address = _address(self.array) if isinstance(self.array, np.ndarray) else 0
         self._library: Any = _UNSET
+        self._top: tuple = (None, 0)  # the NumPy max_priority array the update raises, and its address
 
     def _kernel(self) -> Any:
         """The ctypes library (NumPy), the TF op module (a CPU variable outside XLA), or None."""
@@ -246,6 +247,8 @@ class SumTree:
             return [stale], stale
         adds, ids, priorities = _c(num_adds, np.int64), _c(ids, np.int64), _c(priorities, np.float64)
         values = ops.power(np.abs(priorities), alpha)  # the same for good priorities; no warning for bad ones
+        if self._top[0] is not max_priority:  # the sampler's array, assigned in place: its address once
+            self._top = (max_priority, _address(max_priority))
         stale = kernel.tfreplay_ring_update(
             self._address,
             self.leaves,
@@ -256,7 +259,7 @@ class SumTree:
             _address(values),
             _address(priorities),
             ids.size,
-            _address(max_priority),
+            self._top[1],
         )
         if stale < 0:  # a bad priority: nothing was written
             from tfreplay.core.buffer import check_priorities  # here: the buffer module imports the samplers
