@@ -5,8 +5,9 @@
   frame once and writes the stacks in one pass, where XLA needs a slow
   per-element gather and a second pass.
 * `sum_tree_ops()`: the sum tree's descent and update as TF ops on the tree's
-  variable; `sum_tree_library()`: the same loops as plain C functions, for
-  NumPy through ctypes. Prioritized replay spends its time in these two loops
+  variable (for ring windows, a whole draw with its probabilities and a whole
+  update in one op each); `sum_tree_library()`: the same loops as plain C
+  functions, for NumPy through ctypes. Prioritized replay spends its time in these two loops
   (`core/samplers/sum_tree.py`).
 
 A TF kernel is built against the installed TensorFlow's headers, once per

@@ -10,6 +10,9 @@
 //   num_adds, ids, values, priorities) -> stale: a prioritized draw and update for ring windows in one op each
 //   (RingDraw, RingUpdate in sum_tree.h). The update checks the priorities first (a bad one raises
 //   InvalidArgument and changes nothing), writes the live ids' leaves and raises the max_priority variable.
+// TfreplayRingSample(tree, num_adds, uniform) -> (segment, t, leaf, ok, all_ok, probs, count): single items of
+//   ring windows, RingDraw plus each draw's probability and whether anything can be drawn, from one read of the
+//   tree (RingSample): a sample that hits needs no other op.
 //
 // Callers serialize against other writers with the buffer's own mutex, as for every other update.
 
