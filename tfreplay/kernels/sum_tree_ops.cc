@@ -7,14 +7,21 @@
 //   reader still holds is never changed under it.
 //
 // TfreplayRingDraw(tree, num_adds, uniform) -> (segment, t, leaf, ok, all_ok) and TfreplayRingUpdate(tree, max_priority,
-//   num_adds, ids, values, priorities) -> stale: a prioritized draw and update for ring windows in one op each
+//   num_adds variable, ids, values, priorities) -> stale: a prioritized draw and update for ring windows in one op each
 //   (RingDraw, RingUpdate in sum_tree.h). The update checks the priorities first (a bad one raises
 //   InvalidArgument and changes nothing), writes the live ids' leaves and raises the max_priority variable.
 // TfreplayRingSample(tree, num_adds, uniform) -> (segment, t, leaf, ok, all_ok, probs, count): single items of
 //   ring windows, RingDraw plus each draw's probability and whether anything can be drawn, from one read of the
 //   tree (RingSample): a sample that hits needs no other op.
 //
-// Callers serialize against other writers with the buffer's own mutex, as for every other update.
+// Callers serialize against other writers with the buffer's own mutex, as for every other update, except
+// TfreplayRingUpdate.
+//
+// Without the buffer's lock: TfreplayRingUpdate reads the buffer's num_adds variable (which ids are live) while
+// it holds the tree's exclusive lock, and a writer moves num_adds before it sets the new rows' leaves (which
+// takes that lock too). An update that saw the old count therefore writes before the new item's leaf is set, and
+// that leaf overwrites it; one that saw the new count finds the overwritten item stale. Either way an update
+// never lands on an item other than its own. (A clear zeroes num_adds before the tree, the same way.)
 
 #include <cstring>
 #include <vector>
@@ -91,7 +98,7 @@ REGISTER_OP("TfreplayRingSample")
 REGISTER_OP("TfreplayRingUpdate")
     .Input("tree: resource")
     .Input("max_priority: resource")
-    .Input("num_adds: int64")
+    .Input("num_adds: resource")
     .Input("ids: int64")
     .Input("values: float64")
     .Input("priorities: float64")
@@ -265,10 +272,10 @@ class RingUpdateOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* c) override {
-    core::RefCountPtr<Var> var, top;
+    core::RefCountPtr<Var> var, top, adds;
     OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
     OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 1), &top));
-    const Tensor& num_adds = c->input(2);
+    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 2), &adds));
     const Tensor& ids = c->input(3);
     const Tensor& values = c->input(4);
     const Tensor& priorities = c->input(5);
@@ -281,6 +288,10 @@ class RingUpdateOp : public OpKernel {
                                         "nothing was updated."));
     mutex_lock guard(*var->mu());
     mutex_lock top_guard(*top->mu());  // always taken after the tree's: no other op holds both
+    // num_adds is read here, under the tree's lock: see "Without the buffer's lock" above.
+    tf_shared_lock adds_guard(*adds->mu());
+    const Tensor& num_adds = *adds->tensor();
+    OP_REQUIRES(c, num_adds.dtype() == DT_INT64, errors::InvalidArgument("num_adds must be an int64 vector"));
     int64_t leaves = 0;
     OP_REQUIRES_OK(c, Leaves(*var->tensor(), &leaves));
     OP_REQUIRES_OK(c, CheckRows(leaves, num_adds, max_length_));

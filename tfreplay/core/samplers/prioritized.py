@@ -28,7 +28,10 @@ New items enter at the largest priority given so far (1 before any update).
 A priority of 0 is never drawn until raised; when the drawable mass is 0 (or
 below 1e-12 of the tree's sum, where the subtraction's rounding could hide
 it) the buffer counts as empty. Ids name an item, not a row: an
-update for an item since overwritten is ignored (and counted).
+update for an item since overwritten is ignored (and counted). The TF twin's
+compiled update of ring windows takes no buffer lock (`unlocked_update`); an
+add running beside it may let its items enter at the largest priority from
+just before that update.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from tfreplay.core import episodes, ring
+from tfreplay.core.ops import TF_OPS
 from tfreplay.core.samplers import View
 from tfreplay.core.samplers.sum_tree import LAYOUT, SumTree
 
@@ -88,7 +93,7 @@ class PrioritizedSampler:
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
         """Sets the priorities of live items; returns the updates and how many ids were stale."""
         ops, length, segments = view.ops, view.max_length, view.num_segments
-        if view.window is None:  # ring windows: one native call (check, stale ids, write, raise), where built
+        if view.window is None and isinstance(view.num_adds, np.ndarray):  # NumPy ring windows: one native call
             fused = self.tree.ring_update(ops, view.num_adds, ids, priorities, self.alpha, self.max_priority, length)
             if fused is not None:
                 return fused
@@ -116,6 +121,15 @@ class PrioritizedSampler:
 
         rows, values = ops.cond(stale > 0, stale_first, lambda: (rows, values))
         return self.tree.set(ops, rows, values) + [raised], stale
+
+    def unlocked_update(self, window: Any, num_adds: Any, max_length: int, ids: Any, priorities: Any) -> Any:
+        """The TF twin's update of ring windows without the buffer's lock: `(updates, stale count)`, or None where
+        it needs the lock (then `update`). One compiled op (the check, stale ids, the write, the raise) reads the
+        `num_adds` variable under the tree's own lock, and writers move `num_adds` before they set new rows'
+        leaves: an update never lands on an item that overwrote its own (see `kernels/sum_tree_ops.cc`)."""
+        if window is not None or isinstance(num_adds, np.ndarray):
+            return None
+        return self.tree.ring_update(TF_OPS, num_adds, ids, priorities, self.alpha, self.max_priority, max_length)
 
     def checks_priorities(self, window: Any) -> bool:
         """Whether `update` refuses a bad priority itself: the compiled ring update does (`window` None)."""

@@ -230,15 +230,16 @@ class SumTree:
     ) -> Any:
         """Checks the priorities, sets live ids' leaves to `priority ** alpha` (stale ones change nothing) and
         raises `max_priority`: `(updates, stale count)`, or None without the kernel. A bad priority raises
-        (TF: `InvalidArgumentError` when the op runs) and changes nothing."""
+        (TF: `InvalidArgumentError` when the op runs) and changes nothing. `num_adds`: its values (NumPy), or the
+        variable (TF), which the op reads under the tree's lock."""
         kernel = self._kernel()
         if kernel is None:
             return None
-        if not isinstance(self.array, np.ndarray):
+        if not isinstance(self.array, np.ndarray):  # `num_adds` the variable: the op reads it under the tree's lock
             stale = kernel.tfreplay_ring_update(
                 self.array.handle,
                 max_priority.handle,
-                num_adds,
+                num_adds.handle,
                 ids,
                 ops.power(priorities, alpha),
                 priorities,
