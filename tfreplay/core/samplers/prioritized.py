@@ -31,7 +31,9 @@ it) the buffer counts as empty. Ids name an item, not a row: an
 update for an item since overwritten is ignored (and counted). The TF twin's
 compiled update of ring windows takes no buffer lock (`unlocked_update`); an
 add running beside it may let its items enter at the largest priority from
-just before that update.
+just before that update, and a sample of windows of several items running
+beside it (read in several ops) may take its sum and its leaves on either
+side of it. A sample of single items reads the tree once.
 """
 
 from __future__ import annotations
