@@ -102,10 +102,14 @@ class PyBuffer(ComposedBuffer):
 
     def _make(self, name: str, shape: list, dtype: tf.DType) -> np.ndarray:
         # Aligned to a cache line, as TF aligns tensors: the sum tree's 8-child nodes then take one line each.
-        size = int(np.prod(shape)) * dtype.size
-        raw = np.zeros(size + 64, np.uint8)
-        start = -raw.ctypes.data % 64
-        array = raw[start : start + size].view(dtype.as_numpy_dtype).reshape(shape)
+        kind = np.dtype(dtype.as_numpy_dtype)
+        if kind.hasobject:  # strings: Python objects, never read by address
+            array = np.zeros(shape, kind)
+        else:
+            size = int(np.prod(shape)) * kind.itemsize
+            raw = np.zeros(size + 64, np.uint8)
+            start = -raw.ctypes.data % 64
+            array = raw[start : start + size].view(kind).reshape(shape)
         self._arrays[name] = array
         return array
 
