@@ -328,17 +328,22 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                     updates.append(ops.assign(self._newest, newest))
                 else:
                     updates.append(ops.scatter(self._newest, segments, newest))
+            return updates
+
+        def sampler_writes() -> list:
             # Rows that can never start a window (a frame buffer's first frames), for samplers that weigh rows.
             lead = self._storage.window.lead
             startable = ops.reshape(reads[1], [-1]) >= lead if self._rule is not None and lead else None
-            return updates + self._sampler.on_write(ops, rows, startable)
+            return self._sampler.on_write(ops, rows, startable)
 
         updates = ops.after(reads, writes)
         if segments is None:
             moved = ops.after(updates, lambda: ops.assign(self._num_adds, adds + num_new))
         else:
             moved = ops.after(updates, lambda: ops.scatter(self._num_adds, segments, n + num_new))
-        return ops.after([moved], lambda: ops.read(self._num_adds))
+        # The sampler's rows after the counters: a priority update that takes no buffer lock (the TF twin's
+        # compiled one) then finds an overwritten item stale before its row gets the new item's priority.
+        return ops.after(ops.after([moved], sampler_writes), lambda: ops.read(self._num_adds))
 
     def _index_updates(
         self, leaves: list, num_new: int, segments: Any, n: Any, local: Any, rows: Any, skip: int
@@ -499,7 +504,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         updates = [ops.assign(self._num_adds, ops.zeros_like(ops.read(self._num_adds)))]
         if self._rule is not None:
             updates.append(ops.assign(self._pos_counts, ops.zeros_like(ops.read(self._pos_counts))))
-        updates += self._sampler.clear(ops)
+        updates = ops.after(updates, lambda: self._sampler.clear(ops))  # after the counters, as in a write
         return ops.after(updates, lambda: ops.read(self._num_adds))
 
 

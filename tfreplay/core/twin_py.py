@@ -101,7 +101,15 @@ class PyBuffer(ComposedBuffer):
         object.__setattr__(self, "_lock", threading.Lock())
 
     def _make(self, name: str, shape: list, dtype: tf.DType) -> np.ndarray:
-        array = np.zeros(shape, dtype.as_numpy_dtype)
+        # Aligned to a cache line, as TF aligns tensors: the sum tree's 8-child nodes then take one line each.
+        kind = np.dtype(dtype.as_numpy_dtype)
+        if kind.hasobject:  # strings: Python objects, never read by address
+            array = np.zeros(shape, kind)
+        else:
+            size = int(np.prod(shape)) * kind.itemsize
+            raw = np.zeros(size + 64, np.uint8)
+            start = -raw.ctypes.data % 64
+            array = raw[start : start + size].view(kind).reshape(shape)
         self._arrays[name] = array
         return array
 

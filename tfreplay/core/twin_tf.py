@@ -403,6 +403,10 @@ class TFBuffer(ComposedBuffer):
 
     def _update(self, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
         with tf.device(self._device), tf.name_scope(self._scope):
+            unlocked = getattr(self._sampler, "unlocked_update", None)  # a compiled update safe without the lock
+            fused = unlocked and unlocked(self._window, self._num_adds, self._max_length, ids, priorities)
+            if fused is not None:
+                return fused[1]
             return self._exclusive(lambda: self._update_locked(ids, priorities))
 
     def _gather_all(self) -> Nest:
