@@ -63,8 +63,27 @@ class EagerFunctions:
         """The concrete function of `fn` for `key`, traced (and compiled) on first use."""
         if key not in self._fns:
             traced = tf.function(fn, autograph=False, jit_compile=jit_compile)
-            self._fns[key] = traced.get_concrete_function(*signature)
+            self._fns[key] = FlatCall(traced.get_concrete_function(*signature))
         return self._fns[key]
+
+
+class FlatCall:
+    """A concrete function whose eager calls skip its signature check.
+
+    Its callers pass tensors already checked against the spec (`add_batch`,
+    `update_priorities`) or no inputs at all, and the check (a structured
+    binding that converts and compares every input) costs a quarter of a small
+    eager call. In a graph, or where TF lacks the flat entry, the ordinary call.
+    """
+
+    def __init__(self, concrete: Any):
+        self.concrete = concrete
+        self._flat = getattr(concrete, "_call_flat", None)  # TF's flat entry (TF 2.15 to 2.21 at least)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._flat is None or not tf.executing_eagerly():
+            return self.concrete(*args)
+        return self._flat(tf.nest.flatten(args), self.concrete.captured_inputs)
 
 
 def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
