@@ -117,12 +117,11 @@ def test_concurrent_writers_with_wrap_around_never_tear_items(kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [64, 4096], ids=["small", "large"])
 def test_tf_samples_show_the_items_their_ids_name_while_a_writer_wraps_around(size):
-    """A TF sample of uniform ring windows reads its rows unlocked, small or large; one that a write may have
-    overwritten meanwhile is drawn again.
+    """A large TF sample reads its rows unlocked; one that a write may have overwritten meanwhile is drawn again.
 
     One writer adds payload == global id, so a whole sample's payloads equal its ids exactly: a row
-    overwritten during the read shows the newer item (its id plus the capacity). 64 windows of two items
-    (small) and 4,096 (over 256 KiB, `twin_tf.UNLOCKED_READ_BYTES`), eagerly, in a graph and in datasets."""
+    overwritten during the read shows the newer item (its id plus the capacity). 4,096 windows of two
+    items are over 256 KiB (`twin_tf.UNLOCKED_READ_BYTES`): read outside the lock; 64 are read inside."""
     rb = make_buffer("tf", max_length=3)
     for k in range(2):
         rb.add_batch(make_items(k * ROWS + np.arange(ROWS)))

@@ -1,19 +1,18 @@
 """The TF twin: a composed buffer in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
 
-Writes run in one `tf.CriticalSection`. A sample of plain uniform ring
-windows, or a large one (`UNLOCKED_READ_BYTES`), reads its rows outside it
-(a versioned read): the draw takes the ring's state (for plain uniform ring
-windows from one atomic read of `num_adds`, with no lock at all; otherwise
-under the lock), the rows are gathered unlocked, and two write counters
-read before the draw and after the gather tell whether a writer may have
-overwritten a row meanwhile; only then is the sample drawn again, under the
-lock. Other small samples are drawn and read inside the lock. So concurrent
-writers and samplers never see a torn item, and samplers copy large samples
-in parallel. (XLA has no mutex: under `jit_compile` the caller must not
-race; XLA cannot raise either, so there an empty buffer's samples carry
-probability 0.) Eager calls go through concrete functions traced once per
-shape. Draws through the episode index are compiled with XLA; frames are
-stacked by the native kernel on CPU (`tfreplay.native`).
+Writes run in one `tf.CriticalSection`. A small sample is drawn and read
+inside it. A large one (`UNLOCKED_READ_BYTES`) reads its rows outside it (a
+versioned read): the draw takes the ring's state (under the lock, or for
+plain uniform ring windows from one atomic read of `num_adds`, with no lock
+at all), the rows are gathered unlocked, and two write counters read before
+the draw and after the gather tell whether a writer may have overwritten a
+row meanwhile; only then is the sample drawn again, under the lock. So
+concurrent writers and samplers never see a torn item, and samplers copy
+large samples in parallel. (XLA has no mutex: under `jit_compile` the caller must not race;
+XLA cannot raise either, so there an empty buffer's samples carry probability
+0.) Eager calls go through concrete functions traced once per shape. Draws
+through the episode index are compiled with XLA; frames are stacked by the
+native kernel on CPU (`tfreplay.native`).
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
 from tfreplay.core.storage import spec_nbytes
 
-# Samples of at least this many bytes copy their rows outside the lock (see `TFBuffer._sample`) even when their
-# draw takes it: there the copy costs more than the overwrite check and its fallback branch, and parallel
-# samplers copy side by side. A draw that takes no lock (plain uniform ring windows) reads outside it at any size.
+# Samples of at least this many bytes copy their rows outside the lock (see `TFBuffer._sample`): there the copy
+# costs more than the overwrite check and its fallback branch, and parallel samplers copy side by side.
 UNLOCKED_READ_BYTES = 1 << 18
 # A dataset draws several elements per map call up to this many bytes per call: `unbatch` copies each element
 # out of the block, which for large elements costs more than the map call it saves.
@@ -315,8 +313,7 @@ class TFBuffer(ComposedBuffer):
         """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
         size = 1 if sample_batch_size is None else sample_batch_size
         n = (num_steps or 1) if transform is None else transform.num_steps
-        large = size * n * spec_nbytes(self._storage.item_spec) >= UNLOCKED_READ_BYTES
-        unlocked = large or self._lock_free_draw(transform)
+        unlocked = size * n * spec_nbytes(self._storage.item_spec) >= UNLOCKED_READ_BYTES
         with tf.device(self._device), tf.name_scope(self._scope):
             sample = self._sample if unlocked else self._locked_sample
             items, ids, probs, count = sample(size, num_steps, transform)
@@ -362,31 +359,24 @@ class TFBuffer(ComposedBuffer):
             view = self._view(transform)
             return (*self._sample_plan(size, num_steps, transform, view), view.num_adds)
 
-        if self._lock_free_draw(transform):
-            return draw()
         if self._windows(transform)[0] is None:
+            if type(self._sampler) is UniformSampler:
+                return draw()
             return locked_call(self._lock, draw)
         compiled = self._eager.get(f"plan/{size}/{num_steps}/{transform!r}", draw, jit_compile=True)
         return locked_call(self._lock, compiled)
 
-    def _lock_free_draw(self, transform: Any) -> bool:
-        """Whether a sample's draw reads nothing but `num_adds` and the generator (plain uniform ring
-        windows): then even a small sample is read outside the lock, which costs less than taking it."""
-        return self._windows(transform)[0] is None and type(self._sampler) is UniformSampler
-
     def _slack(self, plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
-        """How many items a segment may receive after `num_adds` before one overwrites a row of `plan`, a
-        storage's read plan (the `k`-th new item lands at ring position `num_adds + k`).
-
-        This twin writes every segment alike (`add_batch` and `clear` are
-        lockstep), so one count serves them all: the least over the rows.
-        """
+        """Per segment, how many items may be written after `num_adds` before one overwrites a row of `plan`,
+        a storage's read plan (the `k`-th new item lands at ring position `num_adds + k`); `max_length` where
+        `plan` reads none."""
         rows = [tf.reshape(tf.cast(r, tf.int64), [-1]) for r in tf.nest.flatten(plan)]
         rows = rows[0] if len(rows) == 1 else tf.concat(rows, 0)
-        ahead = (rows // self._num_segments - num_adds[0]) % self._max_length
-        if getattr(self._storage, "zero_row", None) is not None:  # a frame buffer's zero row is never written
-            ahead = tf.where(rows < self._capacity, ahead, self._max_length)
-        return tf.reduce_min(ahead)
+        n, length = self._num_segments, self._max_length
+        segment = rows % n
+        ahead = (rows // n - tf.gather(num_adds, segment)) % length
+        ahead = tf.where(rows < self._capacity, ahead, length)  # a frame buffer's zero row is never written
+        return tf.minimum(tf.math.unsorted_segment_min(ahead, segment, n), length)
 
     def _locked_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
         """The draw and the read under the lock (ring windows), or an XLA-compiled draw and the read."""
