@@ -154,7 +154,7 @@ class TFBuffer(ComposedBuffer):
     """
 
     _ops = TF_OPS
-    _dataset_block = 8  # a map call costs more than drawing a few more windows (see `_sample_dataset`)
+    _dataset_block = 4  # a map call costs more than drawing a few more windows (see `_sample_dataset`)
 
     def __init__(
         self,
