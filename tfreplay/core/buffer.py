@@ -21,9 +21,10 @@ import tensorflow as tf
 
 from tfreplay import transforms
 from tfreplay.core import checkpoint, episodes, ring, specs
-from tfreplay.core.api import BufferInfo, ReplayBuffer
+from tfreplay.core.api import BufferInfo, ReplayBuffer, counter_dataset
 from tfreplay.core.episodes import EpisodeRule
 from tfreplay.core.samplers import View
+from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.single_pass import SinglePass
 from tfreplay.core.specs import Nest
 
@@ -67,6 +68,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
     """
 
     _ops: Any
+    # Dataset elements drawn per map call (`_sample_dataset`): a twin sets what its calls cost.
+    _dataset_block = 1
 
     def __init__(
         self,
@@ -148,6 +151,44 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if getattr(self._sampler, "tree_layout", None):  # prioritized: how the sum tree's nodes are laid out
             record["sum_tree"] = self._sampler.tree_layout
         return record
+
+    def _sample_dataset(
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
+    ) -> tf.data.Dataset:
+        """Samples for `_dataset_block` elements per map call, split into elements.
+
+        A map call costs more than drawing a few more windows: one call per
+        block brings the per-element cost down. Every element is still an
+        independent sample, drawn at most `block - 1` elements before it is
+        read: a uniform sampler's draws are independent, so the block is one
+        sample of `block * size`; a stratified one (prioritized) spreads one
+        sample's draws over its mass, so there each element is a sample of its
+        own. With a rate limiter each element is one call, admitted on its own.
+        """
+        block = self._block_of(sample_batch_size or 1, num_steps, transform) if self._gate.limiter is None else 1
+        if block == 1:
+            return super()._sample_dataset(sample_batch_size, num_steps, num_parallel_calls, transform)
+        deterministic = None if num_parallel_calls is None else False  # independent draws: deliver as they finish
+        draw = lambda _: self._sample_block(block, sample_batch_size, num_steps, transform)  # noqa: E731
+        return counter_dataset().map(draw, num_parallel_calls=num_parallel_calls, deterministic=deterministic).unbatch()
+
+    def _block_of(self, size: int, num_steps: int | None, transform: Any) -> int:
+        """Dataset elements per map call for samples of `size` windows."""
+        return self._dataset_block
+
+    def _sample_block(self, block: int, sample_batch_size: int | None, num_steps: int | None, transform: Any) -> Nest:
+        """`block` samples as tensors, stacked: `(items, BufferInfo)` with a leading `[block]` axis."""
+        if type(self._sampler) is not UniformSampler:
+            samples = [self._sample_tensors(sample_batch_size, num_steps, transform) for _ in range(block)]
+            return tf.nest.map_structure(lambda *x: tf.stack(x), *samples)
+        size = sample_batch_size or 1
+        outer = [block] + ([size] if sample_batch_size is not None else [])
+        sample = self._sample_tensors(block * size, num_steps, transform)
+        return tf.nest.map_structure(lambda x: tf.reshape(x, outer + x.shape[1:].as_list()), sample)
 
     # Twin hooks.
     def _init_state(self) -> None:
