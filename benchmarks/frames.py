@@ -150,6 +150,7 @@ def big_buffer(repeats: int, block: float, baseline) -> tuple[list, list]:
     rb._pos.assign(pos)
     rb._num_adds.assign([1_000_000])
     rb._pos_counts.assign([np.bincount(np.minimum(pos, POS_BINS - 1), minlength=POS_BINS)])
+    rb._newest.assign([[pos[-1], 0]])
     per_row = rb.nbytes / rb.capacity
     memory = [
         ("frame buffer, bytes per row (nbytes / capacity)", f"{per_row:,.1f}"),

@@ -7,7 +7,7 @@ Buffers: the drivers' `Transition` of CartPole (`observation`/`next_observation`
 f32[4], `action` i64, `reward`, `discount` f32, `step_type` i32, `terminated`,
 `truncated` bool), 4 segments, full, episodes of 500 steps that end
 terminated. The index is set directly (as if every row had been added: `pos`,
-its per-segment counts, each segment's newest item, the counters; rows' values stay zero except the
+its per-segment counts, the counters; rows' values stay zero except the
 episode flags), so a 1M-row buffer needs no million adds.
 
 Sequences: `get_next(32, transform=Sequences(80))` (strict: inside one
@@ -82,9 +82,8 @@ def full_buffer(twin: str, capacity: int):
     put("index/num_adds", np.full([SEGMENTS], length, np.int64))
     per_segment = np.bincount(np.minimum(pos[::SEGMENTS], POS_BINS - 1), minlength=POS_BINS)
     put("index/pos_counts", np.tile(per_segment, (SEGMENTS, 1)).astype(np.int64))
-    newest = pos[-SEGMENTS:].astype(np.int64)  # each segment's newest item: its pos and end flag
-    put("index/newest_pos", newest)
-    put("index/newest_end", newest == EPISODE - 1)
+    newest = pos[-SEGMENTS:]  # each segment's newest item: its pos and whether it ended its episode
+    put("index/newest", np.stack([newest, newest == EPISODE - 1], 1).astype(np.int32))
     put("storage/step_type", np.where(pos == 0, 0, 1).astype(np.int32))
     put("storage/terminated", pos == EPISODE - 1)
     put("storage/discount", np.where(pos == EPISODE - 1, 0, 1).astype(np.float32))

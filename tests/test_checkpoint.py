@@ -335,6 +335,12 @@ def saved_layout(path: str, **changes) -> str:
     return json.dumps({**json.loads(reader.get_tensor(key)), **changes})
 
 
+def saved_layout_without(path: str, field: str) -> str:
+    layout = json.loads(saved_layout(path))
+    del layout[field]
+    return json.dumps(layout)
+
+
 def test_the_pre_format_pickle_state_is_refused_without_running_it(payload, tmp_path):
     old = tf.Module()
     old._checkpoint_state = PickledState(payload)
@@ -348,15 +354,7 @@ def test_the_pre_format_pickle_state_is_refused_without_running_it(payload, tmp_
 
 
 NEWER_FORMAT = r"format \(2\) must be 1; it was written by another tfreplay version"
-BEFORE_NEWEST = r"episode index \(without index_newest\) must record each segment's newest item; .* refill the buffer"
-
-
-def without_newest(path: str) -> str:
-    layout = json.loads(saved_layout(path))
-    del layout["index_newest"]
-    return json.dumps(layout)
-
-
+OLDER_INDEX = r"episode index must keep each segment's newest item \(index_newest\); it was written by an earlier"
 # (kind, entry, its crafted value (a callable of the payload and the saved path), the message)
 CRAFTED = [
     ("py-uniform", "rng", lambda p, _: p, r"rng state \(b'.*\) must be JSON written by tfreplay"),
@@ -376,9 +374,9 @@ CRAFTED = [
     ),
     ("py-uniform", "layout", lambda p, path: saved_layout(path, format=2), NEWER_FORMAT),
     ("tf-frames", "py_state", lambda p, path: saved_layout(path, format=2), NEWER_FORMAT),
-    # Written before the episode index kept each segment's newest item.
-    ("py-frames", "layout", lambda p, path: without_newest(path), BEFORE_NEWEST),
-    ("tf-frames", "py_state", lambda p, path: without_newest(path), BEFORE_NEWEST),
+    # An index from before `index/newest` (a TF one also lacks the variable): never restored as stale state.
+    ("py-frames", "layout", lambda p, path: saved_layout_without(path, "index_newest"), OLDER_INDEX),
+    ("tf-frames", "py_state", lambda p, path: saved_layout_without(path, "index_newest"), OLDER_INDEX),
     (
         "py-uniform",
         "array/storage/id",

@@ -33,6 +33,7 @@ from helpers import (
     with_outer,
 )
 
+import tfreplay
 from tfreplay import BufferInfo, ReplayBuffer
 
 # The layout of every buffer here: 2 segments of 7 rows. After 4 adds nothing
@@ -397,6 +398,26 @@ def test_dataset_with_parallel_calls_draws_valid_windows(kind, num_parallel_call
         np.testing.assert_array_equal(kind.decode(items, B), info.ids.numpy())
         assert set(info.ids.numpy()[:, 0].tolist()) <= valid
         np.testing.assert_array_equal(np.diff(info.ids.numpy(), axis=1), B)
+
+
+@pytest.mark.parametrize(
+    "cls",
+    ["TFUniformReplayBuffer", "PyUniformReplayBuffer", "TFPrioritizedReplayBuffer", "PyPrioritizedReplayBuffer"],
+)
+def test_dataset_elements_are_independent_draws(cls):
+    """A dataset may draw several elements per call: each must still be a draw of its own.
+
+    8 items of equal weight: two consecutive elements are equal with probability 1/8, so 800 pairs hold
+    50 to 160 equal ones but with probability < 3e-9 (binomial). A stratified draw split into elements
+    (each from its own part of the mass) never repeats an item; one draw shared by elements always does.
+    """
+    rb = getattr(tfreplay, cls)({"x": tf.TensorSpec([], tf.int64)}, batch_size=1, max_length=8, seed=0)
+    for i in range(8):
+        rb.add_batch({"x": tf.constant([i], tf.int64)})
+    drawn = np.array([items["x"] for items, _ in rb.as_dataset().take(801).as_numpy_iterator()])
+    assert sorted(set(drawn.tolist())) == list(range(8))
+    equal = int(np.sum(drawn[1:] == drawn[:-1]))
+    assert 50 <= equal <= 160, equal
 
 
 def test_sequence_preprocess_fn_sees_stacked_batches(kind):

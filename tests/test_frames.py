@@ -20,7 +20,7 @@ import scipy.stats
 import tensorflow as tf
 from helpers import FRAME, Reference, frame_of, make_stream, row, run_threads
 
-from tfreplay import PyFrameReplayBuffer, TFFrameReplayBuffer, frame_data_spec, native
+from tfreplay import PyFrameReplayBuffer, Sequences, TFFrameReplayBuffer, frame_data_spec, native
 from tfreplay.core import stacks as frame_index
 
 TWINS = ["tf", "tf-xla", "py"]  # tf: stacks from the native kernel; tf-xla: from XLA
@@ -552,3 +552,23 @@ def test_sampling_in_a_function_keeps_static_shapes_and_autograph_quiet(caplog):
     assert len(by_step[0]) == 2 and by_step[0][0]["observation"].shape == (4, *FRAME, 3)
     spec = rb.as_dataset(4).element_spec[0]["observation"]
     assert spec.shape == (4, *FRAME, 3)
+
+
+def test_sequences_of_any_length_leave_the_index_as_lockstep_adds_do():
+    """Padded windows (which read each segment's newest item from the index) drawn after `add_sequence` chunks
+    of uneven sizes, including one longer than the ring, equal those drawn after the same rows added in lockstep."""
+    rng = np.random.default_rng(8)
+    streams = [make_stream(rng, s, 120, max_episode=9) for s in range(2)]
+    chunked = PyFrameReplayBuffer(frame_data_spec(FRAME), batch_size=2, max_length=40, history_len=2, seed=3)
+    lockstep = PyFrameReplayBuffer(frame_data_spec(FRAME), batch_size=2, max_length=40, history_len=2, seed=3)
+    for lo, hi in [(0, 7), (7, 8), (8, 61), (61, 117)]:
+        for s in range(2):
+            chunked.add_sequence({k: v[lo:hi] for k, v in streams[s].items()}, segment=s)
+    for i in range(117):
+        lockstep.add_batch(row(streams, i))
+    for rb in (chunked, lockstep):
+        rb.add_batch(row(streams, 117))
+    window = Sequences(5, pad=True)
+    a, b = (rb.get_next(sample_batch_size=64, transform=window) for rb in (chunked, lockstep))
+    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)):
+        np.testing.assert_array_equal(x, y)

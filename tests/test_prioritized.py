@@ -10,6 +10,7 @@ import itertools
 import pathlib
 import shutil
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -494,3 +495,43 @@ def test_the_sum_tree_kernels_fall_back_when_they_cannot_be_built(monkeypatch, t
     monkeypatch.setenv("TFREPLAY_NATIVE", "0")
     assert native.build("sum_tree_ops.cc", [], "the sum-tree kernel", "using TF ops instead") is None
     assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later
+
+
+# --- updates beside adds (the TF twin's compiled update takes no buffer lock) ----------------------
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_an_update_racing_an_add_never_lands_on_the_item_that_overwrote_its_own(kind, tmp_path):
+    """One thread fills the ring twice while another keeps updating the first lap's items the next adds overwrite
+    (priorities below 1, so new items enter at 1). No second-lap item is ever updated: each leaf must still be 1."""
+    length, done, added = 64, threading.Event(), [0]
+    sampler = PrioritizedSampler(ALPHA)
+    if kind == "tf":
+        rb = TFAssembled(SPEC, B, length, rows_storage, sampler, None, scope="race", device="cpu:*", seed=1)
+    else:
+        rb = PyAssembled(SPEC, rows_storage, sampler, None, batch_size=B, max_length=length, seed=1, name="race")
+
+    def updates(ids, priorities):  # many updates per call (in a graph for TF): some land inside an add
+        for _ in tf.range(32) if kind == "tf" else range(4):
+            rb.update_priorities(ids, priorities)
+
+    repeat = tf.function(updates) if kind == "tf" else updates
+
+    def update():
+        while not done.is_set():
+            oldest = added[0] - length  # the next add overwrites this item of each segment
+            if 0 <= oldest < length:
+                ids = np.arange(oldest * B, min(oldest + 2, length) * B)  # first-lap items only
+                repeat(tf.constant(ids), tf.constant(np.full(ids.shape, 0.5)))
+
+    updater = threading.Thread(target=update)
+    updater.start()
+    try:
+        for step in range(2 * length):
+            rb.add_batch(make_items(step * B + np.arange(B)))
+            added[0] = step + 1
+    finally:
+        done.set()
+        updater.join()
+    tree = sum_tree_of(rb, tmp_path)
+    np.testing.assert_array_equal(tree[len(tree) // 2 :][: B * length], np.ones(B * length))

@@ -5,8 +5,9 @@
   frame once and writes the stacks in one pass, where XLA needs a slow
   per-element gather and a second pass.
 * `sum_tree_ops()`: the sum tree's descent and update as TF ops on the tree's
-  variable; `sum_tree_library()`: the same loops as plain C functions, for
-  NumPy through ctypes. Prioritized replay spends its time in these two loops
+  variable (for ring windows, a whole draw with its probabilities and a whole
+  update in one op each); `sum_tree_library()`: the same loops as plain C
+  functions, for NumPy through ctypes. Prioritized replay spends its time in these two loops
   (`core/samplers/sum_tree.py`).
 
 A TF kernel is built against the installed TensorFlow's headers, once per
@@ -101,12 +102,14 @@ def _sum_tree_library() -> Any:
         "tfreplay_sum_tree_set": [a, n, a, a, n],
         "tfreplay_ring_draw": [a, n, a, n, n, n, a, n, flag, a, a, a, a],
         "tfreplay_ring_update": [a, n, a, n, n, a, a, a, n, a],
+        "tfreplay_ring_sample": [a, n, a, n, n, a, n, a, a, a, a, a],
     }
     for name, argtypes in signatures.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     lib.tfreplay_ring_draw.restype = ctypes.c_bool  # whether a window starts at every draw
     lib.tfreplay_ring_update.restype = ctypes.c_int64  # stale ids, or -1 for a bad priority
+    lib.tfreplay_ring_sample.restype = ctypes.c_int64  # bit 0: every draw starts a window; bit 1: count > 0
     return lib
 
 

@@ -21,9 +21,10 @@ import tensorflow as tf
 
 from tfreplay import transforms
 from tfreplay.core import checkpoint, episodes, ring, specs
-from tfreplay.core.api import BufferInfo, ReplayBuffer
+from tfreplay.core.api import BufferInfo, ReplayBuffer, counter_dataset
 from tfreplay.core.episodes import EpisodeRule
 from tfreplay.core.samplers import View
+from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.single_pass import SinglePass
 from tfreplay.core.specs import Nest
 
@@ -67,6 +68,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
     """
 
     _ops: Any
+    # Dataset elements drawn per map call (`_sample_dataset`): a twin sets what its calls cost.
+    _dataset_block = 1
 
     def __init__(
         self,
@@ -112,11 +115,9 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if episode_rule is not None:
             self._pos = self._make("index/pos", [self._capacity], tf.int32)
             self._pos_counts = self._make("index/pos_counts", [num_segments, episodes.POS_BINS], tf.int64)
-            # Per segment, the newest item's `pos` and end flag: a sample's young rule and the next write's
-            # episode step read these few values, not the rows' fields (a gather per read from large arrays).
-            self._newest_pos = self._make("index/newest_pos", [num_segments], tf.int64)
-            if episode_rule.ends:
-                self._newest_end = self._make("index/newest_end", [num_segments], tf.bool)
+            # Per segment, its newest item's `[pos, ended]`: what a write continues from and what the padded-window
+            # rule reads, without gathering from the per-row arrays (XLA splits each gather from a large array).
+            self._newest = self._make("index/newest", [num_segments, 2], tf.int32)
         self._sampler = sampler.bind(self._make, self._capacity)
 
     @property
@@ -145,11 +146,49 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         """What a checkpoint must match to restore into this buffer (see `checkpoint.layout`)."""
         history_len = getattr(self._storage, "history_len", None)
         record = checkpoint.layout(self._data_spec, self._num_segments, self._max_length, history_len)
-        if self._rule is not None:  # the index keeps each segment's newest pos and end flag
+        if self._rule is not None:  # the index keeps each segment's newest item (see `_newest`)
             record["index_newest"] = True
         if getattr(self._sampler, "tree_layout", None):  # prioritized: how the sum tree's nodes are laid out
             record["sum_tree"] = self._sampler.tree_layout
         return record
+
+    def _sample_dataset(
+        self,
+        sample_batch_size: int | None,
+        num_steps: int | None,
+        num_parallel_calls: int | None,
+        transform: Any = None,
+    ) -> tf.data.Dataset:
+        """Samples for `_dataset_block` elements per map call, split into elements.
+
+        A map call costs more than drawing a few more windows: one call per
+        block brings the per-element cost down. Every element is still an
+        independent sample, drawn at most `block - 1` elements before it is
+        read: a uniform sampler's draws are independent, so the block is one
+        sample of `block * size`; a stratified one (prioritized) spreads one
+        sample's draws over its mass, so there each element is a sample of its
+        own. With a rate limiter each element is one call, admitted on its own.
+        """
+        block = self._block_of(sample_batch_size or 1, num_steps, transform) if self._gate.limiter is None else 1
+        if block == 1:
+            return super()._sample_dataset(sample_batch_size, num_steps, num_parallel_calls, transform)
+        deterministic = None if num_parallel_calls is None else False  # independent draws: deliver as they finish
+        draw = lambda _: self._sample_block(block, sample_batch_size, num_steps, transform)  # noqa: E731
+        return counter_dataset().map(draw, num_parallel_calls=num_parallel_calls, deterministic=deterministic).unbatch()
+
+    def _block_of(self, size: int, num_steps: int | None, transform: Any) -> int:
+        """Dataset elements per map call for samples of `size` windows."""
+        return self._dataset_block
+
+    def _sample_block(self, block: int, sample_batch_size: int | None, num_steps: int | None, transform: Any) -> Nest:
+        """`block` samples as tensors, stacked: `(items, BufferInfo)` with a leading `[block]` axis."""
+        if type(self._sampler) is not UniformSampler:
+            samples = [self._sample_tensors(sample_batch_size, num_steps, transform) for _ in range(block)]
+            return tf.nest.map_structure(lambda *x: tf.stack(x), *samples)
+        size = sample_batch_size or 1
+        outer = [block] + ([size] if sample_batch_size is not None else [])
+        sample = self._sample_tensors(block * size, num_steps, transform)
+        return tf.nest.map_structure(lambda x: tf.reshape(x, outer + x.shape[1:].as_list()), sample)
 
     # Twin hooks.
     def _init_state(self) -> None:
@@ -286,8 +325,7 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             pos_at=self._pos_at if has_index else None,
             pos_counts=self._ops.read(self._pos_counts) if has_index else None,
             padded=padded,
-            newest_pos=self._ops.read(self._newest_pos) if padded and has_index else None,
-            newest_end=self._ops.read(self._newest_end) if padded and has_index and self._rule.ends else None,
+            newest=self._ops.read(self._newest) if padded and has_index else None,
         )
 
     def _num_frames(self) -> Any:
@@ -327,25 +365,32 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
                 pos, bins, weights, newest = reads[1:]
                 updates.append(ops.scatter(self._pos, rows, ops.to_int32(ops.reshape(pos, [-1]))))
                 updates.append(ops.bin_add(self._pos_counts, bins[0], bins[1], weights))
-                updates.append(ops.scatter(self._newest_pos, seg, newest[0]))
-                if len(newest) > 1:
-                    updates.append(ops.scatter(self._newest_end, seg, newest[1]))
+                if segments is None:
+                    updates.append(ops.assign(self._newest, newest))
+                else:
+                    updates.append(ops.scatter(self._newest, segments, newest))
+            return updates
+
+        def sampler_writes() -> list:
             # Rows that can never start a window (a frame buffer's first frames), for samplers that weigh rows.
             lead = self._storage.window.lead
             startable = ops.reshape(reads[1], [-1]) >= lead if self._rule is not None and lead else None
-            return updates + self._sampler.on_write(ops, rows, startable)
+            return self._sampler.on_write(ops, rows, startable)
 
         updates = ops.after(reads, writes)
         if segments is None:
             moved = ops.after(updates, lambda: ops.assign(self._num_adds, adds + num_new))
         else:
             moved = ops.after(updates, lambda: ops.scatter(self._num_adds, segments, n + num_new))
-        return ops.after([moved], lambda: ops.read(self._num_adds))
+        # The sampler's rows after the counters: a priority update that takes no buffer lock (the TF twin's
+        # compiled one) then finds an overwritten item stale before its row gets the new item's priority.
+        return ops.after(ops.after([moved], sampler_writes), lambda: ops.read(self._num_adds))
 
     def _index_updates(
         self, leaves: list, num_new: int, segments: Any, n: Any, local: Any, rows: Any, skip: int
     ) -> list:
-        """`[pos of the new rows, (segment, bin) pairs, +1/-1 weights, (newest pos, newest end)]` for the index."""
+        """`[pos of the new rows, (segment, bin) pairs, +1/-1 weights, newest]` for the episode index
+        (`newest`: the written segments' new `[pos, ended]`, `[len(segments), 2]`)."""
         ops, length = self._ops, self._max_length
         wanted = ([self._rule.start] if self._rule.start else []) + list(self._rule.ends)
         time_major = {p: ops.reshape(x, [num_new, -1]) for p, x in zip(self._leaf_paths, leaves) if p in wanted}
@@ -353,12 +398,15 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         if num_new == 1:
             local, rows = local[None, :], rows[None, :]
         has_prev = n > 0
-        prev_pos = ops.gather(ops.read(self._newest_pos), segments)
+        prev = ops.read(self._newest) if segments is None else ops.gather(ops.read(self._newest), segments)
         if ends is not None:  # an item after an episode's last starts the next
-            prev_ended = ops.gather(ops.read(self._newest_end), segments) & has_prev
+            prev_ended = (prev[:, 1] > 0) & has_prev
             shifted = ops.where(ops.arange(ends.shape[0])[:, None] == 0, prev_ended[None, :], _shift_down(ends, ops))
             starts = shifted if starts is None else starts | shifted
-        pos = episodes.new_pos(prev_pos, has_prev, starts, ops)[skip:]
+        all_pos = episodes.new_pos(ops.to_int64(prev[:, 0]), has_prev, starts, ops)
+        ended = ops.zeros_like(all_pos[-1]) if ends is None else ops.to_int64(ends[-1])
+        newest = ops.to_int32(ops.stack([all_pos[-1], ended], 1))
+        pos = all_pos[skip:]
         old_min = n - ops.minimum(n, length)
         # The row of new id `w` held the newest older id of its residue (skipped ids never landed).
         held = local - length * ((local - n[None, :]) // length + 1)
@@ -369,7 +417,6 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         bins = ops.concat([ops.reshape(episodes.pos_bin(p, ops), [-1]) for p in (pos, old_pos)])
         added = ops.reshape(ops.ones_like(local), [-1])
         weights = ops.concat([added, -ops.reshape(ops.to_int64(overwritten), [-1])])
-        newest = (pos[-1],) if ends is None else (pos[-1], ends[-1])
         return [pos, (ops.concat([seg, seg]), bins), weights, newest]
 
     def _sample_plan(
@@ -505,9 +552,8 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
         ops = self._ops
         updates = [ops.assign(self._num_adds, ops.zeros_like(ops.read(self._num_adds)))]
         if self._rule is not None:
-            index = [self._pos_counts, self._newest_pos] + ([self._newest_end] if self._rule.ends else [])
-            updates += [ops.assign(v, ops.zeros_like(ops.read(v))) for v in index]
-        updates += self._sampler.clear(ops)
+            updates.append(ops.assign(self._pos_counts, ops.zeros_like(ops.read(self._pos_counts))))
+        updates = ops.after(updates, lambda: self._sampler.clear(ops))  # after the counters, as in a write
         return ops.after(updates, lambda: ops.read(self._num_adds))
 
 

@@ -4,8 +4,8 @@
 state every buffer keeps a *layout record* (`layout()`): the format version,
 the storage kind (`rows`, or `frames` with `history_len`), `batch_size`,
 `max_length`, `capacity`, the episode index's bins (`index_bins`: the shape
-of its per-segment counts), whether the index keeps each segment's newest
-item (`index_newest`: buffers whose items mark episodes), a prioritized buffer's sum-tree layout (`sum_tree`)
+of its per-segment counts; `index_newest`: it keeps each segment's newest
+item, which an older index did not), a prioritized buffer's sum-tree layout (`sum_tree`)
 and each spec leaf's path, dtype and shape. Restore
 compares the saved record with the buffer's own before any array or variable
 is overwritten: a mismatch raises `ValueError` naming the field, the saved
@@ -33,9 +33,6 @@ value and this buffer's value, and the buffer stays as it was.
   under the buffer's key raises instead of leaving the buffer empty.
 
 Format 1 is the first versioned one: older tfreplay checkpoints are refused.
-A format-1 checkpoint of a buffer with an episode index written before the
-index kept each segment's newest item (no `index_newest`) is refused too, with
-its own message: TF would restore it silently, leaving that state zero.
 """
 
 from __future__ import annotations
@@ -53,15 +50,7 @@ from tfreplay.core.specs import Nest
 
 FORMAT_VERSION = 1
 _WHERE = "checkpoint restore"
-_FIELDS = (
-    "storage",
-    "history_len",
-    "batch_size",
-    "max_length",
-    "capacity",
-    "index_bins",
-    "sum_tree",
-)
+_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins", "index_newest", "sum_tree")
 
 
 def layout(data_spec: Nest, batch_size: int, max_length: int, history_len: int | None = None) -> dict:
@@ -100,7 +89,8 @@ def check_layout(saved: Any, expected: dict) -> None:
             "it was written by another tfreplay version."
         )
     for field in _FIELDS:
-        _check_field(field, saved.get(field), expected.get(field))
+        if field != "index_newest":
+            _check_field(field, saved.get(field), expected.get(field))
     leaves = saved.get("leaves")
     _check_field("leaves", list(leaves) if isinstance(leaves, dict) else leaves, list(expected["leaves"]))
     assert isinstance(leaves, dict)  # the check above compared its keys
@@ -108,11 +98,11 @@ def check_layout(saved: Any, expected: dict) -> None:
         got = leaves[path] if isinstance(leaves[path], dict) else {}
         for key in ("dtype", "shape"):
             _check_field(f"{key} of {path}", got.get(key), want[key])
-    if expected.get("index_newest") and "index_newest" not in saved:
+    if expected.get("index_newest") and "index_newest" not in saved:  # last: everything else matches
         raise ValueError(
-            f"{_WHERE}: the checkpoint's episode index (without index_newest) must record each segment's newest "
-            "item; it was written by an older tfreplay, whose checkpoints of buffers with episode boundaries "
-            "cannot be restored: refill the buffer instead."
+            f"{_WHERE}: the checkpoint's episode index must keep each segment's newest item (index_newest); "
+            "it was written by an earlier tfreplay, whose index lacks it. Restore it with that version, or "
+            "refill the buffer."
         )
     _check_field("index_newest", saved.get("index_newest"), expected.get("index_newest"))
 

@@ -2,14 +2,11 @@
 
 Any buffer whose items carry episode boundaries keeps, beside the ring, `pos`
 (per storage row: the item's step index in its episode, 0 at an episode's
-first item) and `pos_counts` (per segment: how many live rows have each
-`pos`, the last bin holding every `pos >= POS_BINS - 1`), and per segment
-the newest item's `pos` and end flag (`newest_pos`, `newest_end`; equal to
-`pos` and the end fields at that item's row while the segment holds it).
-All are updated on every write, including the rows a write overwrites, so
-samplers can count and draw windows that stay inside one episode without
-scanning, and the young rule and the next write read a few values instead
-of gathering from per-row arrays.
+first item), `pos_counts` (per segment: how many live rows have each
+`pos`, the last bin holding every `pos >= POS_BINS - 1`) and `newest` (per
+segment: its newest item's `[pos, ended]`). All are updated on every write,
+including the rows a write overwrites, so samplers can count and draw
+windows that stay inside one episode without scanning.
 
 A window of `n` items starting at local id `t` ends at `e = t + n - 1`. For
 a storage with `lead` and `history` (rows: 0 and 0; frames: an item is the
@@ -193,29 +190,26 @@ class Shape:
         return mask, t
 
 
-def young_starts(
-    num_adds: Any, max_length: int, n: int, window: Shape | None, newest_pos: Any, newest_end: Any, ops: Any
-) -> Any:
+def young_starts(num_adds: Any, max_length: int, n: int, window: Shape | None, newest: Any, ops: Any) -> Any:
     """Per segment, how many of its newest items cannot start a padded window of `n`.
 
     The rule every sampler shares (see the module docstring): the newest
     `min(n - 1, u)` items, where `u` counts the items of the newest episode
     that are drawable as single items, or 0 when that episode has ended.
-    `newest_pos`, `newest_end`: per segment, the newest item's `pos` and
-    whether it carries an end flag (the index keeps both; `newest_end` None
-    without end fields). Without an index (`window` None) a segment is
+    `newest` (`[num_segments, 2]`) is the index's `[pos, ended]` of each
+    segment's newest item. Without an index (`window` None) a segment is
     one endless episode, so this is the plain ring rule: the newest `n - 1`
     live items.
     """
     _, num_live = ring.live_range(num_adds, max_length, ops)
-    if window is None or newest_pos is None:
+    if window is None or newest is None:
         return ops.minimum(num_live, n - 1)
-    pos = newest_pos
+    pos = ops.to_int64(newest[:, 0])
     # The newest episode's items are drawable alone from its first transition on when it began inside the
     # live range (pos < num_live), else from the first whose history is live; an empty segment has none.
     drawable = ops.where(pos < num_live, pos + (1 - window.lead), num_live - max(window.history, window.lead))
     young = ops.minimum(ops.maximum(drawable, 0), n - 1)
-    return young if newest_end is None else ops.where(~newest_end, young, 0)
+    return ops.where(newest[:, 1] > 0, ops.zeros_like(young), young)
 
 
 def window_mask(segment: Any, local: Any, num_adds: Any, ops: Any) -> Any:
@@ -227,7 +221,7 @@ def window_mask(segment: Any, local: Any, num_adds: Any, ops: Any) -> Any:
 def same_episode(pos: Any, ops: Any) -> Any:
     """`[B, n]` bool: which items of windows (their `pos`, `[B, n]`) are steps of their first item's episode.
 
-    Item `t + k` is when it is `k` steps further into the episode (`pos`
+    Item `t + k` is one when it is `k` steps further into the episode (`pos`
     grows by one per step and restarts at 0 with each episode); with
     `window_mask`, a padded window's mask.
     """

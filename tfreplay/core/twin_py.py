@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.core import checkpoint, specs, stacks
-from tfreplay.core.api import BufferInfo, counter_dataset
+from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
 from tfreplay.core.gate import Gate
 from tfreplay.core.ops import NUMPY_OPS
@@ -50,9 +50,6 @@ def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) ->
     return batch_size, 1000 if max_length is None else max_length
 
 
-_DATASET_BLOCK = 8
-
-
 class PyBuffer(ComposedBuffer):
     """A composed buffer in NumPy arrays; public classes choose its storage and sampler.
 
@@ -62,6 +59,8 @@ class PyBuffer(ComposedBuffer):
     `window_shift`, `drop_remainder`, `stateful_dataset`, as `ComposedBuffer`
     takes them. `rate_limiter`: see `core/rate_limiter.py` and `core/gate.py`.
     """
+
+    _dataset_block = 8  # a `tf.numpy_function` call costs more than drawing a batch (see `_sample_dataset`)
 
     _ops = NUMPY_OPS
 
@@ -101,7 +100,15 @@ class PyBuffer(ComposedBuffer):
         object.__setattr__(self, "_lock", threading.Lock())
 
     def _make(self, name: str, shape: list, dtype: tf.DType) -> np.ndarray:
-        array = np.zeros(shape, dtype.as_numpy_dtype)
+        # Aligned to a cache line, as TF aligns tensors: the sum tree's 8-child nodes then take one line each.
+        kind = np.dtype(dtype.as_numpy_dtype)
+        if kind.hasobject:  # strings: Python objects, never read by address
+            array = np.zeros(shape, kind)
+        else:
+            size = int(np.prod(shape)) * kind.itemsize
+            raw = np.zeros(size + 64, np.uint8)
+            start = -raw.ctypes.data % 64
+            array = raw[start : start + size].view(kind).reshape(shape)
         self._arrays[name] = array
         return array
 
@@ -172,31 +179,6 @@ class PyBuffer(ComposedBuffer):
         )
         items, ids, probs = self._numpy_call(sample, [], out_specs)
         return items, BufferInfo(ids=ids, probabilities=probs)
-
-    def _sample_dataset(
-        self,
-        sample_batch_size: int | None,
-        num_steps: int | None,
-        num_parallel_calls: int | None,
-        transform: Any = None,
-    ) -> tf.data.Dataset:
-        """Samples for `_DATASET_BLOCK` elements per NumPy call, split into elements.
-
-        A `tf.numpy_function` call costs more than drawing a batch: one call
-        per block keeps the NumPy twin's dataset near the TF twin's. Every
-        element is still an independent uniform sample; it is drawn at most
-        `_DATASET_BLOCK - 1` elements before it is read. With a rate limiter
-        each element is one call, admitted on its own.
-        """
-        block, size = _DATASET_BLOCK if self._gate.limiter is None else 1, sample_batch_size or 1
-
-        def draw(_: Any) -> tuple:
-            items, info = self._sample_tensors(block * size, num_steps, transform)
-            split = lambda x: tf.reshape(x, [block] + ([size] if sample_batch_size else []) + x.shape[1:])  # noqa: E731
-            return tf.nest.map_structure(split, (items, info))
-
-        ticks = self._gate.ticks(counter_dataset(), block * size)
-        return ticks.map(draw, num_parallel_calls=num_parallel_calls).unbatch()
 
     def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""

@@ -36,6 +36,9 @@ from tfreplay.core.storage import spec_nbytes
 # Samples of at least this many bytes copy their rows outside the lock (see `TFBuffer._sample`): there the copy
 # costs more than the overwrite check and its fallback branch, and parallel samplers copy side by side.
 UNLOCKED_READ_BYTES = 1 << 18
+# A dataset draws several elements per map call up to this many bytes per call: `unbatch` copies each element
+# out of the block, which for large elements costs more than the map call it saves.
+DATASET_BLOCK_BYTES = 1 << 17
 
 
 class Untracked:
@@ -60,8 +63,27 @@ class EagerFunctions:
         """The concrete function of `fn` for `key`, traced (and compiled) on first use."""
         if key not in self._fns:
             traced = tf.function(fn, autograph=False, jit_compile=jit_compile)
-            self._fns[key] = traced.get_concrete_function(*signature)
+            self._fns[key] = FlatCall(traced.get_concrete_function(*signature))
         return self._fns[key]
+
+
+class FlatCall:
+    """A concrete function whose eager calls skip its signature check.
+
+    Its callers pass tensors already checked against the spec (`add_batch`,
+    `update_priorities`) or no inputs at all, and the check (a structured
+    binding that converts and compares every input) costs a quarter of a small
+    eager call. In a graph, or where TF lacks the flat entry, the ordinary call.
+    """
+
+    def __init__(self, concrete: Any):
+        self.concrete = concrete
+        self._flat = getattr(concrete, "_call_flat", None)  # TF's flat entry (TF 2.15 to 2.21 at least)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._flat is None or not tf.executing_eagerly():
+            return self.concrete(*args)
+        return self._flat(tf.nest.flatten(args), self.concrete.captured_inputs)
 
 
 def tf_exclusive(lock: tf.CriticalSection, fn: Callable[[], Any]) -> Any:
@@ -132,6 +154,7 @@ class TFBuffer(ComposedBuffer):
     """
 
     _ops = TF_OPS
+    _dataset_block = 4  # a map call costs more than drawing a few more windows (see `_sample_dataset`)
 
     def __init__(
         self,
@@ -273,6 +296,11 @@ class TFBuffer(ComposedBuffer):
                 raise ValueError(self.empty_message("get_next", num_steps, transform))
         return self._split_steps(items, info, sample_batch_size is not None, num_steps, time_stacked)
 
+    def _block_of(self, size: int, num_steps: int | None, transform: Any) -> int:
+        n = (num_steps or 1) if transform is None else transform.num_steps
+        nbytes = size * n * spec_nbytes(self._storage.item_spec)
+        return max(1, min(self._dataset_block, DATASET_BLOCK_BYTES // max(nbytes, 1)))
+
     def _sample_tensors(
         self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
     ) -> tuple[Nest, BufferInfo]:
@@ -403,6 +431,10 @@ class TFBuffer(ComposedBuffer):
 
     def _update(self, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
         with tf.device(self._device), tf.name_scope(self._scope):
+            unlocked = getattr(self._sampler, "unlocked_update", None)  # a compiled update safe without the lock
+            fused = unlocked and unlocked(self._window, self._num_adds, self._max_length, ids, priorities)
+            if fused is not None:
+                return fused[1]
             return self._exclusive(lambda: self._update_locked(ids, priorities))
 
     def _gather_all(self) -> Nest:

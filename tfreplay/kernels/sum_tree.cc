@@ -28,6 +28,18 @@ bool tfreplay_ring_draw(const double* tree, int64_t leaves, const int64_t* num_a
                             node.data(), rest.data(), segment, t, leaf, ok);
 }
 
+// Returns whether every draw starts a window (bit 0) and whether anything can be drawn (bit 1).
+int64_t tfreplay_ring_sample(const double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
+                             int64_t max_length, const double* uniform, int64_t size, int64_t* segment, int64_t* t,
+                             double* leaf, bool* ok, float* probs) {
+  std::vector<int64_t> node(size);
+  std::vector<double> rest(size);
+  int64_t count = 0;
+  const bool all = tfreplay::RingSample(tree, leaves, num_adds, num_segments, max_length, uniform, size, node.data(),
+                                        rest.data(), segment, t, leaf, ok, probs, &count);
+  return (all ? 1 : 0) | (count << 1);
+}
+
 // Returns how many ids were stale, or -1 (nothing changed) when a priority is negative, NaN or infinite.
 int64_t tfreplay_ring_update(double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
                              int64_t max_length, const int64_t* ids, const double* values, const double* priorities,

@@ -32,7 +32,7 @@ inline int64_t RootFanout(int64_t leaves) {
 // One level of a descent through nodes of fanout F: at a node the target passes child j while it is at least
 // the running sum of children 0..j; the last child takes what is left (a target past the sum lands there).
 template <int64_t F>
-inline void DescendLevel(const double* tree, int64_t size, int64_t* node, double* rest) {
+inline void DescendLevel(const double* tree, int64_t size, int64_t* node, double* rest, bool prefetch) {
   for (int64_t b = 0; b < size; ++b) {
     const double* child = tree + F * node[b];
     const double u = rest[b];
@@ -46,6 +46,8 @@ inline void DescendLevel(const double* tree, int64_t size, int64_t* node, double
     }
     rest[b] = j > 0 ? u - passed : u;
     node[b] = F * node[b] + j;
+    // The next level reads this node's children: start loading them now, while the other draws descend.
+    if (prefetch) __builtin_prefetch(tree + kFanout * node[b]);
   }
 }
 
@@ -59,11 +61,13 @@ inline void SumTreeDescend(const double* tree, int64_t leaves, const double* tar
   }
   const int64_t root = RootFanout(leaves);
   if (leaves > 1) {
-    if (root == 2) DescendLevel<2>(tree, size, node, rest);
-    if (root == 4) DescendLevel<4>(tree, size, node, rest);
-    if (root == 8) DescendLevel<8>(tree, size, node, rest);
+    if (root == 2) DescendLevel<2>(tree, size, node, rest, root < leaves);
+    if (root == 4) DescendLevel<4>(tree, size, node, rest, root < leaves);
+    if (root == 8) DescendLevel<8>(tree, size, node, rest, root < leaves);
   }
-  for (int64_t width = root; width < leaves; width *= kFanout) DescendLevel<kFanout>(tree, size, node, rest);
+  for (int64_t width = root; width < leaves; width *= kFanout) {
+    DescendLevel<kFanout>(tree, size, node, rest, width * kFanout < leaves);
+  }
   for (int64_t b = 0; b < size; ++b) {
     mass[b] = tree[node[b]];
     rows[b] = node[b] - leaves;
@@ -78,6 +82,17 @@ inline double ChildSum(const double* child, int64_t f) {
   return sum;
 }
 
+// Recomputes the parents of `node` (nodes of fanout f) from their children and moves `node` up to them.
+inline void SetLevel(double* tree, int64_t f, int64_t size, int64_t* node) {
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t parent = node[i] / f;
+    // Rows of a sample come sorted, so near the root most parents were just summed for the row before.
+    if (i == 0 || parent != node[i - 1]) tree[parent] = f == kFanout ? ChildSum(tree + f * parent, kFanout)
+                                                                        : ChildSum(tree + f * parent, f);
+    node[i] = parent;
+  }
+}
+
 // Writes leaves (of duplicate rows, the last value wins), then each level's touched sums from their children,
 // bottom up: a sum is recomputed only after every child below it, so duplicates are harmless. `node` is
 // scratch of `size` entries.
@@ -89,14 +104,12 @@ inline void SumTreeSet(double* tree, int64_t leaves, const int64_t* rows, const 
   }
   const int64_t root = RootFanout(leaves);
   for (int64_t width = leaves; width > 1;) {  // `width` nodes on the level below the one summed now
-    const int64_t f = width == root ? root : kFanout;
-    for (int64_t i = 0; i < size; ++i) {
-      const int64_t parent = node[i] / f;
-      // Rows of a sample come sorted, so near the root most parents were just summed for the row before.
-      if (i == 0 || parent != node[i - 1]) tree[parent] = ChildSum(tree + f * parent, f);
-      node[i] = parent;
+    if (width == root) {
+      SetLevel(tree, root, size, node);
+      break;
     }
-    width /= f;
+    SetLevel(tree, kFanout, size, node);
+    width /= kFanout;
   }
 }
 
@@ -141,6 +154,25 @@ inline bool RingDraw(const double* tree, int64_t leaves, const int64_t* num_adds
     ok[b] = id >= oldest && id + num_steps - 1 < adds && leaf[b] > 0;
     all &= ok[b];
   }
+  return all;
+}
+
+// The drawable mass counts as none below this share of the tree's sum (prioritized.py's _EMPTY_SHARE).
+constexpr double kEmptyShare = 1e-12;
+
+// Ring windows of one item: RingDraw (stratified), plus each draw's probability `leaf / mass` as float32 and
+// whether anything can be drawn (`*count`, 0 or 1; when 0 the probabilities divide by mass + 1 instead), all
+// from one read of the tree. As PrioritizedSampler.sample computes them; returns whether a window starts at
+// every draw (else the caller draws again).
+inline bool RingSample(const double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
+                       int64_t max_length, const double* uniform, int64_t size, int64_t* node, double* rest,
+                       int64_t* segment, int64_t* t, double* leaf, bool* ok, float* probs, int64_t* count) {
+  const bool all = RingDraw(tree, leaves, num_adds, num_segments, max_length, 1, uniform, size, true, node, rest,
+                            segment, t, leaf, ok);
+  const double mass = tree[1];
+  *count = mass > mass * kEmptyShare ? 1 : 0;
+  const double total = mass + (*count > 0 ? 0.0 : 1.0);
+  for (int64_t b = 0; b < size; ++b) probs[b] = static_cast<float>(leaf[b] / total);
   return all;
 }
 

@@ -7,11 +7,21 @@
 //   reader still holds is never changed under it.
 //
 // TfreplayRingDraw(tree, num_adds, uniform) -> (segment, t, leaf, ok, all_ok) and TfreplayRingUpdate(tree, max_priority,
-//   num_adds, ids, values, priorities) -> stale: a prioritized draw and update for ring windows in one op each
+//   num_adds variable, ids, values, priorities) -> stale: a prioritized draw and update for ring windows in one op each
 //   (RingDraw, RingUpdate in sum_tree.h). The update checks the priorities first (a bad one raises
 //   InvalidArgument and changes nothing), writes the live ids' leaves and raises the max_priority variable.
+// TfreplayRingSample(tree, num_adds, uniform) -> (segment, t, leaf, ok, all_ok, probs, count): single items of
+//   ring windows, RingDraw plus each draw's probability and whether anything can be drawn, from one read of the
+//   tree (RingSample): a sample that hits needs no other op.
 //
-// Callers serialize against other writers with the buffer's own mutex, as for every other update.
+// Callers serialize against other writers with the buffer's own mutex, as for every other update, except
+// TfreplayRingUpdate.
+//
+// Without the buffer's lock: TfreplayRingUpdate reads the buffer's num_adds variable (which ids are live) while
+// it holds the tree's exclusive lock, and a writer moves num_adds before it sets the new rows' leaves (which
+// takes that lock too). An update that saw the old count therefore writes before the new item's leaf is set, and
+// that leaf overwrites it; one that saw the new count finds the overwritten item stale. Either way an update
+// never lands on an item other than its own. (A clear zeroes num_adds before the tree, the same way.)
 
 #include <cstring>
 #include <vector>
@@ -64,10 +74,31 @@ REGISTER_OP("TfreplayRingDraw")
       return absl::OkStatus();
     });
 
+REGISTER_OP("TfreplayRingSample")
+    .Input("tree: resource")
+    .Input("num_adds: int64")
+    .Input("uniform: float64")
+    .Output("segment: int64")
+    .Output("t: int64")
+    .Output("leaf: float64")
+    .Output("ok: bool")
+    .Output("all_ok: bool")
+    .Output("probs: float")
+    .Output("count: int64")
+    .Attr("max_length: int >= 1")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->input(2));
+      c->set_output(4, c->Scalar());
+      c->set_output(5, c->input(2));
+      c->set_output(6, c->Scalar());
+      return absl::OkStatus();
+    });
+
 REGISTER_OP("TfreplayRingUpdate")
     .Input("tree: resource")
     .Input("max_priority: resource")
-    .Input("num_adds: int64")
+    .Input("num_adds: resource")
     .Input("ids: int64")
     .Input("values: float64")
     .Input("priorities: float64")
@@ -199,6 +230,41 @@ class RingDrawOp : public OpKernel {
   bool stratified_;
 };
 
+class RingSampleOp : public OpKernel {
+ public:
+  explicit RingSampleOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("max_length", &max_length_));
+  }
+
+  void Compute(OpKernelContext* c) override {
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
+    tf_shared_lock guard(*var->mu());
+    const Tensor& tree = *var->tensor();
+    int64_t leaves = 0;
+    OP_REQUIRES_OK(c, Leaves(tree, &leaves));
+    const Tensor& num_adds = c->input(1);
+    OP_REQUIRES_OK(c, CheckRows(leaves, num_adds, max_length_));
+    const Tensor& uniform = c->input(2);
+    const int64_t size = uniform.NumElements();
+    Tensor* out[7];
+    for (int i = 0; i < 7; ++i) {
+      const bool scalar = i == 4 || i == 6;
+      OP_REQUIRES_OK(c, c->allocate_output(i, scalar ? TensorShape({}) : uniform.shape(), &out[i]));
+    }
+    std::vector<int64_t> node(size);
+    std::vector<double> rest(size);
+    out[4]->scalar<bool>()() = tfreplay::RingSample(
+        tree.flat<double>().data(), leaves, num_adds.flat<int64_t>().data(), num_adds.NumElements(), max_length_,
+        uniform.flat<double>().data(), size, node.data(), rest.data(), out[0]->flat<int64_t>().data(),
+        out[1]->flat<int64_t>().data(), out[2]->flat<double>().data(), out[3]->flat<bool>().data(),
+        out[5]->flat<float>().data(), &out[6]->scalar<int64_t>()());
+  }
+
+ private:
+  int64_t max_length_;
+};
+
 class RingUpdateOp : public OpKernel {
  public:
   explicit RingUpdateOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -206,10 +272,10 @@ class RingUpdateOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* c) override {
-    core::RefCountPtr<Var> var, top;
+    core::RefCountPtr<Var> var, top, adds;
     OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 0), &var));
     OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 1), &top));
-    const Tensor& num_adds = c->input(2);
+    OP_REQUIRES_OK(c, LookupResource(c, HandleFromInput(c, 2), &adds));
     const Tensor& ids = c->input(3);
     const Tensor& values = c->input(4);
     const Tensor& priorities = c->input(5);
@@ -222,6 +288,10 @@ class RingUpdateOp : public OpKernel {
                                         "nothing was updated."));
     mutex_lock guard(*var->mu());
     mutex_lock top_guard(*top->mu());  // always taken after the tree's: no other op holds both
+    // num_adds is read here, under the tree's lock: see "Without the buffer's lock" above.
+    tf_shared_lock adds_guard(*adds->mu());
+    const Tensor& num_adds = *adds->tensor();
+    OP_REQUIRES(c, num_adds.dtype() == DT_INT64, errors::InvalidArgument("num_adds must be an int64 vector"));
     int64_t leaves = 0;
     OP_REQUIRES_OK(c, Leaves(*var->tensor(), &leaves));
     OP_REQUIRES_OK(c, CheckRows(leaves, num_adds, max_length_));
@@ -248,6 +318,7 @@ class RingUpdateOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfreplayRingDraw").Device(DEVICE_CPU), RingDrawOp);
+REGISTER_KERNEL_BUILDER(Name("TfreplayRingSample").Device(DEVICE_CPU), RingSampleOp);
 REGISTER_KERNEL_BUILDER(Name("TfreplayRingUpdate").Device(DEVICE_CPU), RingUpdateOp);
 REGISTER_KERNEL_BUILDER(Name("TfreplaySumTreeDescend").Device(DEVICE_CPU), DescendOp);
 REGISTER_KERNEL_BUILDER(Name("TfreplaySumTreeSet").Device(DEVICE_CPU), SetOp);

@@ -35,9 +35,8 @@ class View:
     `window` is None when episodes do not matter (plain ring windows);
     otherwise windows are drawn through the episode index (`pos_at`,
     `pos_counts`) with the storage's window shape. With `padded`, windows may
-    run past their episode's end (`episodes.young_starts` is the rule; it
-    reads `newest_pos` and `newest_end`, per segment the newest item's `pos`
-    and end flag, None without end fields).
+    run past their episode's end (`episodes.young_starts` is the rule;
+    `newest`: the index's `[pos, ended]` of each segment's newest item).
     A sampler says what it draws beyond plain ring windows with
     `episode_windows = True` (strict windows through the index) and
     `padded_windows = True`; the buffer refuses other requests.
@@ -53,5 +52,4 @@ class View:
     pos_at: Callable[[Any], Any] | None = None
     pos_counts: Any = None
     padded: bool = False
-    newest_pos: Any = None
-    newest_end: Any = None
+    newest: Any = None

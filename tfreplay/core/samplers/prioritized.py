@@ -28,7 +28,12 @@ New items enter at the largest priority given so far (1 before any update).
 A priority of 0 is never drawn until raised; when the drawable mass is 0 (or
 below 1e-12 of the tree's sum, where the subtraction's rounding could hide
 it) the buffer counts as empty. Ids name an item, not a row: an
-update for an item since overwritten is ignored (and counted).
+update for an item since overwritten is ignored (and counted). The TF twin's
+compiled update of ring windows takes no buffer lock (`unlocked_update`); an
+add running beside it may let its items enter at the largest priority from
+just before that update, and a sample of windows of several items running
+beside it (read in several ops) may take its sum and its leaves on either
+side of it. A sample of single items reads the tree once.
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from tfreplay.core import episodes, ring
+from tfreplay.core.ops import TF_OPS
 from tfreplay.core.samplers import View
 from tfreplay.core.samplers.sum_tree import LAYOUT, SumTree
 
@@ -87,7 +95,7 @@ class PrioritizedSampler:
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
         """Sets the priorities of live items; returns the updates and how many ids were stale."""
         ops, length, segments = view.ops, view.max_length, view.num_segments
-        if view.window is None:  # ring windows: one native call (check, stale ids, write, raise), where built
+        if view.window is None and isinstance(view.num_adds, np.ndarray):  # NumPy ring windows: one native call
             fused = self.tree.ring_update(ops, view.num_adds, ids, priorities, self.alpha, self.max_priority, length)
             if fused is not None:
                 return fused
@@ -116,6 +124,15 @@ class PrioritizedSampler:
         rows, values = ops.cond(stale > 0, stale_first, lambda: (rows, values))
         return self.tree.set(ops, rows, values) + [raised], stale
 
+    def unlocked_update(self, window: Any, num_adds: Any, max_length: int, ids: Any, priorities: Any) -> Any:
+        """The TF twin's update of ring windows without the buffer's lock: `(updates, stale count)`, or None where
+        it needs the lock (then `update`). One compiled op (the check, stale ids, the write, the raise) reads the
+        `num_adds` variable under the tree's own lock, and writers move `num_adds` before they set new rows'
+        leaves: an update never lands on an item that overwrote its own (see `kernels/sum_tree_ops.cc`)."""
+        if window is not None or isinstance(num_adds, np.ndarray):
+            return None
+        return self.tree.ring_update(TF_OPS, num_adds, ids, priorities, self.alpha, self.max_priority, max_length)
+
     def checks_priorities(self, window: Any) -> bool:
         """Whether `update` refuses a bad priority itself: the compiled ring update does (`window` None)."""
         return window is None and self.tree.compiled()
@@ -140,19 +157,34 @@ class PrioritizedSampler:
                 "(frame buffers, within_episodes=True): the probability of such a window cannot be kept exact. "
                 "Draw single items, or windows that may run past an episode's end (padded windows, with a mask)."
             )
+        uniform = view.uniform([size])
+        if view.window is None and n == 1:  # single items of ring windows: one native call, where built
+            fused = self.tree.ring_sample(ops, view.num_adds, uniform, view.max_length)
+            if fused is not None:
+                segment, t, leaf, ok, all_ok, probs, count = fused
+                first = (segment, t, leaf, ok, all_ok)
+                return _rare(
+                    ops, all_ok, lambda: (segment, t, probs, count), lambda: self._drawn(view, size, n, uniform, first)
+                )
+        return self._drawn(view, size, n, uniform)
+
+    def _drawn(self, view: View, size: int, n: int, uniform: Any, first: tuple | None = None) -> tuple:
+        """`sample` from its first uniform draws (or, `first`, what the stratified draw at them found)."""
+        ops = view.ops
         mass = self.tree.total(ops)
         excluded = excluded_mass(view, self.tree, n)
         total = mass if excluded is None else mass - excluded
         count = ops.to_int64(total > mass * _EMPTY_SHARE)
         # Stratified over all the mass; draws that land on a row that cannot start a window are drawn again.
-        segment, t, leaf, ok, all_ok = self._draw(view, view.uniform([size]), mass, n, stratified=True)
+        drawn = self._draw(view, uniform, mass, n, stratified=True) if first is None else first
+        segment, t, leaf, ok, all_ok = drawn
 
         def round_(found: Any, segment: Any, t: Any, leaf: Any) -> tuple:
             seg, start, value, good, _ = self._draw(view, view.uniform([size]), mass, n, stratified=False)
             take = good & ~found
             return found | good, ops.where(take, seg, segment), ops.where(take, start, t), ops.where(take, value, leaf)
 
-        def redraw() -> tuple[Any, Any, Any]:  # rare: one graph branch, so a sample that hit pays nothing for it
+        def redraw() -> tuple[Any, Any, Any]:  # rare: a sample that hit pays nothing for it
             found, seg, start, value = ops.loop(
                 lambda found, *_: ~ops.all(found), round_, (ok, segment, t, leaf), _ROUNDS
             )
@@ -163,7 +195,7 @@ class PrioritizedSampler:
 
             return ops.cond(ops.all(found) | (count <= 0), lambda: (seg, start, value), exact)
 
-        segment, t, leaf = ops.cond(all_ok, lambda: (segment, t, leaf), redraw)
+        segment, t, leaf = _rare(ops, all_ok, lambda: (segment, t, leaf), redraw)
         # An empty buffer's sample is refused: dividing by 1 more only keeps its probabilities finite.
         probs = ops.to_float32(leaf / (total + ops.to_float64(count <= 0)))
         return segment, t, probs, count
@@ -203,11 +235,23 @@ class PrioritizedSampler:
         return seg, t, ops.gather(weight, pick)
 
 
+def _rare(ops: Any, common: Any, then: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+    """`ops.cond(common, then, otherwise)` for an `otherwise` rarely taken. In a TF graph the `If` stays a
+    function call: lowered to switches, as a graph's conds are, each of the branch's ops would still cost the
+    executor a step whenever the branch is not taken."""
+    out = ops.cond(common, then, otherwise)
+    if isinstance(common, tf.Tensor) and not tf.executing_eagerly():
+        branch = tf.nest.flatten(out)[0].op.inputs[0].op  # the outputs are identities of the If's
+        if branch.type in ("If", "StatelessIf"):
+            branch._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    return out
+
+
 def young(view: View, n: int) -> Any:
     """Per segment, how many of its newest items cannot start a window of `n` (the write head, or for
     padded windows an unfinished episode)."""
     window = view.window if view.padded else None
-    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.newest_pos, view.newest_end, view.ops)
+    return episodes.young_starts(view.num_adds, view.max_length, n, window, view.newest, view.ops)
 
 
 def startable(view: View, segment: Any, t: Any, n: int) -> Any:

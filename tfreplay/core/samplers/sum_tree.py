@@ -33,6 +33,7 @@ FANOUT = 8
 # The layout, in a prioritized buffer's checkpoint record: a checkpoint of another layout (the binary tree of
 # tfreplay before it, with no such field) is refused rather than restored into wrong sums.
 LAYOUT = f"fanout {FANOUT}"
+_UNSET = object()
 
 
 def fanouts(leaves: int) -> list[int]:
@@ -54,15 +55,20 @@ class SumTree:
         self.fanouts = fanouts(self.leaves)
         self.array = make("sampler/sum_tree", [2 * self.leaves], tf.float64)
         self.use_native = use_native
-        # The NumPy array is never replaced (a restore copies into it): its address is taken once.
+        # The NumPy array is never replaced (a restore copies into it): its address is taken once, and so is the
+        # library (looked up on first use: a lookup takes a lock).
         self._address = _address(self.array) if isinstance(self.array, np.ndarray) else 0
+        self._library: Any = _UNSET
+        self._top: tuple = (None, 0)  # the NumPy max_priority array the update raises, and its address
 
     def _kernel(self) -> Any:
         """The ctypes library (NumPy), the TF op module (a CPU variable outside XLA), or None."""
         if not self.use_native:
             return None
         if isinstance(self.array, np.ndarray):
-            return native.sum_tree_library()
+            if self._library is _UNSET:
+                self._library = native.sum_tree_library()
+            return self._library
         if under_xla() or not stacks.on_cpu(self.array):
             return None
         return native.sum_tree_ops()
@@ -189,20 +195,51 @@ class SumTree:
         )
         return out[0], out[1], out[2].view(np.float64), out[3].view(np.bool_)[:size], all_ok
 
+    def ring_sample(self, ops: Any, num_adds: Any, uniform: Any, max_length: int) -> Any:
+        """Single items of ring windows: the first (stratified) draw of `PrioritizedSampler.sample` with its
+        probabilities, from one read of the tree: `(segment, t, leaf, ok, all ok, probabilities, count)`, or None
+        without the kernel."""
+        kernel = self._kernel()
+        if kernel is None:
+            return None
+        if not isinstance(self.array, np.ndarray):
+            return kernel.tfreplay_ring_sample(self.array.handle, num_adds, uniform, max_length=max_length)
+        adds, uniform = _c(num_adds, np.int64), _c(uniform, np.float64)
+        size = uniform.size
+        out = np.empty([5, size], np.int64)  # segment, t, leaf (float64), ok (bool), probabilities (float32)
+        at = _address(out)
+        code = kernel.tfreplay_ring_sample(
+            self._address,
+            self.leaves,
+            _address(adds),
+            adds.size,
+            max_length,
+            _address(uniform),
+            size,
+            at,
+            at + 8 * size,
+            at + 16 * size,
+            at + 24 * size,
+            at + 32 * size,
+        )
+        probs = out[4].view(np.float32)[:size]
+        return out[0], out[1], out[2].view(np.float64), out[3].view(np.bool_)[:size], code & 1, probs, code >> 1
+
     def ring_update(
         self, ops: Any, num_adds: Any, ids: Any, priorities: Any, alpha: float, max_priority: Any, max_length: int
     ) -> Any:
         """Checks the priorities, sets live ids' leaves to `priority ** alpha` (stale ones change nothing) and
         raises `max_priority`: `(updates, stale count)`, or None without the kernel. A bad priority raises
-        (TF: `InvalidArgumentError` when the op runs) and changes nothing."""
+        (TF: `InvalidArgumentError` when the op runs) and changes nothing. `num_adds`: its values (NumPy), or the
+        variable (TF), which the op reads under the tree's lock."""
         kernel = self._kernel()
         if kernel is None:
             return None
-        if not isinstance(self.array, np.ndarray):
+        if not isinstance(self.array, np.ndarray):  # `num_adds` the variable: the op reads it under the tree's lock
             stale = kernel.tfreplay_ring_update(
                 self.array.handle,
                 max_priority.handle,
-                num_adds,
+                num_adds.handle,
                 ids,
                 ops.power(priorities, alpha),
                 priorities,
@@ -211,6 +248,8 @@ class SumTree:
             return [stale], stale
         adds, ids, priorities = _c(num_adds, np.int64), _c(ids, np.int64), _c(priorities, np.float64)
         values = ops.power(np.abs(priorities), alpha)  # the same for good priorities; no warning for bad ones
+        if self._top[0] is not max_priority:  # the sampler's array, assigned in place: its address once
+            self._top = (max_priority, _address(max_priority))
         stale = kernel.tfreplay_ring_update(
             self._address,
             self.leaves,
@@ -221,7 +260,7 @@ class SumTree:
             _address(values),
             _address(priorities),
             ids.size,
-            _address(max_priority),
+            self._top[1],
         )
         if stale < 0:  # a bad priority: nothing was written
             from tfreplay.core.buffer import check_priorities  # here: the buffer module imports the samplers

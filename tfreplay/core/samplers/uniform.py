@@ -59,7 +59,7 @@ class UniformSampler:
         window, pos_at = view.window, view.pos_at
         if not view.padded:
             return window.count(view.num_adds, view.pos_counts, pos_at, view.max_length, n, ops)
-        young = episodes.young_starts(view.num_adds, view.max_length, n, window, view.newest_pos, view.newest_end, ops)
+        young = episodes.young_starts(view.num_adds, view.max_length, n, window, view.newest, ops)
         if window.lead == 0 and window.history == 0:
             _, counts = window.draw_range(view.num_adds, view.max_length, 1, ops)
             return ops.sum(ops.maximum(counts - young, 0))
@@ -74,12 +74,11 @@ class UniformSampler:
             draws = view.draw([size], count)
             per = ops.maximum(per, 1)  # an empty buffer still maps draws to rows
             return draws // per, min_id + draws % per, ops.probability([size], count), count
+        assert view.pos_at is not None  # a window goes with the episode index
         window = view.window
         start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
         if view.padded:  # single items, less each segment's newest that cannot start a padded window
-            young = episodes.young_starts(
-                view.num_adds, view.max_length, n, window, view.newest_pos, view.newest_end, ops
-            )
+            young = episodes.young_starts(view.num_adds, view.max_length, n, window, view.newest, ops)
             counts = ops.maximum(counts - young, 0)
             if window.lead == 0 and window.history == 0:  # rows: every item in range starts a window
                 count = ops.sum(counts)
