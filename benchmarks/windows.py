@@ -18,7 +18,8 @@ this capacity / 10k. Target: at most 1.2. Beside them, without a target:
 the bare gather floor (no library code: 32 random windows of 80 items of
 one segment, every field, by `tf.gather` in one function call or NumPy
 `take`), whose ratio is what memory alone costs at that capacity, and each
-call's draw alone (window starts and read plan, no row read).
+call's draw alone (window starts and read plan, no row read; a padded
+sequence's mask reads `pos` with the rows, so that read is not in its draw).
 
 n-step: `get_next(256, transform=NStepReturns(3, 0.99))` against the plain
 `get_next(256, num_steps=4)` of the same 100k buffer, alternating blocks;

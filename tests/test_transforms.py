@@ -581,3 +581,31 @@ def test_prioritized_padded_windows_are_drawn_in_proportion_to_priority(kind):
     assert counts.sum() == len(ids), "a start outside the drawable set, or of priority 0, was drawn"
     expected = np.array([priority[i] / total for i in starts]) * len(ids)
     assert stats.chisquare(counts, expected).pvalue > 1e-6, seed
+
+
+@pytest.mark.parametrize("kind", sorted(ROWS))
+def test_padded_counts_follow_the_newest_items_through_wrap_clear_and_restore(kind, tmp_path):
+    # The index keeps each segment's newest pos and end flag: after any writes, a clear, a refill and a restore
+    # the padded window count (1 / probability) and the drawable starts must match the model of the streams.
+    rng = np.random.default_rng(11)
+    rb = fill_rows(kind, [episode_stream(rng, 9, max_episode=4) for _ in range(3)], 7, seed=1)
+
+    def check(buffer, model: Model) -> None:
+        for n in (2, 4):
+            starts = set(model.starts(n, padded=True))
+            if not starts:
+                continue
+            _, ids, probs = draw(buffer, "eager", 64, Sequences(n, pad=True))
+            assert set(ids.tolist()) <= starts, "a start outside the drawable set was drawn"
+            np.testing.assert_allclose(probs, 1 / len(starts), rtol=1e-6)
+
+    for length in (3, 6, 11, 17, 20):  # within the ring, then wrapping it once and more
+        rb.clear()
+        streams = [episode_stream(rng, length, max_episode=4) for _ in range(3)]
+        for t in range(length):
+            rb.add_batch(transition_batch(streams, t))
+        check(rb, Model(streams, 7))
+    path = tf.train.Checkpoint(buffer=rb).write(str(tmp_path / "ckpt"))
+    restored = ROWS[kind](SPEC, batch_size=3, max_length=7, seed=2)
+    tf.train.Checkpoint(buffer=restored).read(path).assert_consumed()
+    check(restored, Model(streams, 7))

@@ -438,25 +438,33 @@ class ComposedBuffer(SinglePass, ReplayBuffer):
             step_rows, ids = ring.window_rows(segment, t, n, *layout, ops)
             return self._storage.plan(segment, t, step_rows, n, pos_at, ops), ids, probs, count
         local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
-        step_rows, ids = ring.local_to_rows(local, segment[:, None], *layout)
+        step_rows, ids = ring.rows_of(local, segment[:, None], *layout), ring.local_to_rows(t, segment, *layout)[1]
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
-        if view.padded:
-            mask = episodes.window_mask(segment, local, step_rows, view.num_adds, view.pos_at, ops)
-        else:
+        if not view.padded:
             mask = ops.ones_like(step_rows) > 0
+        else:  # the stored items; with an index, those of the first item's episode
+            mask = episodes.window_mask(segment, local, view.num_adds, ops)
+            if view.pos_at is not None and not self._steps_of(transform):
+                # Whole windows: `pos` is read with the items (`_read_planned`), not in the draw: in a
+                # compiled draw XLA on CPU splits a gather from a large `pos` across threads.
+                return (plan, mask, step_rows), ids, probs, count
+            if view.pos_at is not None:
+                mask = mask & episodes.same_episode(view.pos_at(step_rows), ops)
         if not self._steps_of(transform):
-            return (plan, mask), ids[:, 0], probs, count
+            return (plan, mask), ids, probs, count
         # Each window's last real step, and the rows of its first and last: fields read there alone.
         last = ops.sum(ops.to_int64(mask), 1) - 1
-        last_rows = ring.local_to_rows(t + last, segment, *layout)[0]
-        return (plan, mask, last, step_rows[:, 0], last_rows), ids[:, 0], probs, count
+        last_rows = ring.rows_of(t + last, segment, *layout)
+        return (plan, mask, last, step_rows[:, 0], last_rows), ids, probs, count
 
     def _read_planned(self, plan: Any, num_steps: int | None, transform: Any = None) -> Any:
         """The bulk read of a plan: items, or with a transform `(items, mask)`."""
         if transform is None:
             return self._storage.read(plan, num_steps, self._ops)
         plan, mask, *at = plan
-        if not at:
+        if len(at) == 1:  # padded whole windows: which stored items are steps of the first's episode
+            mask = mask & episodes.same_episode(self._pos_at(at[0]), self._ops)
+        if len(at) <= 1:
             return self._storage.read(plan, transform.num_steps, self._ops), mask
         return self._read_steps(plan, at, transform), mask
 

@@ -212,16 +212,17 @@ def young_starts(num_adds: Any, max_length: int, n: int, window: Shape | None, n
     return ops.where(newest[:, 1] > 0, ops.zeros_like(young), young)
 
 
-def window_mask(segment: Any, local: Any, rows: Any, num_adds: Any, pos_at: Callable | None, ops: Any) -> Any:
-    """`[B, n]` bool: which items of windows (local ids `local`, stored at `rows`, both `[B, n]`) are real
-    steps of their first item's episode.
+def window_mask(segment: Any, local: Any, num_adds: Any, ops: Any) -> Any:
+    """`[B, n]` bool: which items of windows (local ids `local`, `[B, n]`, of `segment`) are stored: at most
+    their segment's newest id. The mask keeps the layout of `local`."""
+    return local < ops.gather(num_adds, segment)[:, None]
 
-    Item `t + k` is real when stored (at most the segment's newest id) and
-    `k` steps further into the episode (`pos` grows by one per step and
-    restarts at 0 with each episode). The mask keeps the layout of `local`.
+
+def same_episode(pos: Any, ops: Any) -> Any:
+    """`[B, n]` bool: which items of windows (their `pos`, `[B, n]`) are steps of their first item's episode.
+
+    Item `t + k` is one when it is `k` steps further into the episode (`pos`
+    grows by one per step and restarts at 0 with each episode); with
+    `window_mask`, a padded window's mask.
     """
-    stored = local < ops.gather(num_adds, segment)[:, None]
-    if pos_at is None:
-        return stored
-    pos = pos_at(rows)
-    return stored & (pos - pos[:, :1] == ops.arange(rows.shape[1])[None, :])
+    return pos - pos[:, :1] == ops.arange(pos.shape[1])[None, :]

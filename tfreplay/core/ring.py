@@ -45,8 +45,12 @@ def locate(draws: Any, counts: Any, ops: Any) -> tuple[Any, Any]:
 
 def local_to_rows(local: Any, segment: Any, max_length: int, num_segments: int) -> tuple[Any, Any]:
     """Returns `(storage rows, global ids)` of local ids in their segments."""
-    rows = (local % max_length) * num_segments + segment
-    return rows, local * num_segments + segment
+    return rows_of(local, segment, max_length, num_segments), local * num_segments + segment
+
+
+def rows_of(local: Any, segment: Any, max_length: int, num_segments: int) -> Any:
+    """The storage rows of local ids in their segments (`local_to_rows` without the ids)."""
+    return (local % max_length) * num_segments + segment
 
 
 def window_rows(
