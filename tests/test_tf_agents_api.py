@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from helpers import SPEC, decode, make_items
 
-from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
+from tfreplay import PyUniformReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 
 ODD_PATHS = {"my obs": tf.TensorSpec([2], tf.float32), "<a>": tf.TensorSpec([], tf.int64)}
 
@@ -43,6 +43,22 @@ def test_a_v1_graph_buffer_takes_any_spec_path_and_initializes_from_variables(sp
     np.testing.assert_array_equal(read(got), ids + 7)
     if isinstance(spec, dict):
         np.testing.assert_array_equal(got["my obs"], odd_items(ids + 7)["my obs"])
+
+
+@pytest.mark.parametrize("make", [TFUniformReplayBuffer, TFPrioritizedReplayBuffer])
+def test_v1_graph_ops_of_add_and_clear_do_their_writes_when_run(make):
+    """A v1 session runs only what the fetched op depends on: `add_batch` and `clear` must carry their writes."""
+    with tf.Graph().as_default():
+        rb = make(SPEC, 2, 4, seed=0)
+        add = rb.add_batch(make_items([3, 4]))
+        frames, clear = rb.num_frames(), rb.clear()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.variables_initializer(list(rb.variables())))
+            sess.run(add)
+            sess.run(add)
+            assert sess.run(frames) == 4
+            sess.run(clear)
+            assert sess.run(frames) == 0
 
 
 @pytest.mark.parametrize("scope", ["agent/replay-buffer", "1st_buffer", "rb.v2"])

@@ -344,7 +344,8 @@ class ComposedBuffer(SinglePass, SamplePath):
             moved = ops.after(updates, lambda: ops.scatter(self._num_adds, segments, n + num_new))
         # The sampler's rows after the counters: a priority update that takes no buffer lock (the TF twin's
         # compiled one) then finds an overwritten item stale before its row gets the new item's priority.
-        return ops.after(ops.after([moved], sampler_writes), lambda: ops.read(self._num_adds))
+        sampled = ops.after([moved], sampler_writes)
+        return ops.after([moved, *sampled], lambda: ops.read(self._num_adds))
 
     def _index_updates(
         self, leaves: list, num_new: int, segments: Any, n: Any, local: Any, rows: Any, skip: int
@@ -410,7 +411,7 @@ class ComposedBuffer(SinglePass, SamplePath):
         updates = [ops.assign(self._num_adds, ops.zeros_like(ops.read(self._num_adds)))]
         if self._rule is not None:
             updates.append(ops.assign(self._pos_counts, ops.zeros_like(ops.read(self._pos_counts))))
-        updates = ops.after(updates, lambda: self._sampler.clear(ops))  # after the counters, as in a write
+        updates = updates + ops.after(updates, lambda: self._sampler.clear(ops))  # after the counters, as in a write
         return ops.after(updates, lambda: ops.read(self._num_adds))
 
 
