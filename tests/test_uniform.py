@@ -267,3 +267,17 @@ def test_xla_sampling_of_an_empty_buffer_is_marked_by_zero_probability():
     rb.add_batch(make_items([2, 3]))
     _, info = sample()
     np.testing.assert_allclose(info.probabilities.numpy(), np.full(3, 0.5, np.float32))
+
+
+@pytest.mark.parametrize("sample_batch_size", [None, 4])
+def test_a_tf_dataset_element_is_drawn_when_read_so_it_sees_the_adds_before_it(sample_batch_size):
+    """Without prefetching, `next()` after an add samples a buffer that holds it (TF-Agents' tests rely on
+    this): no element is drawn ahead of its read."""
+    rb = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=3, seed=0)
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    it = iter(rb.as_dataset(sample_batch_size=sample_batch_size).with_options(options))
+    for i in range(1, 6):
+        rb.add_batch(make_items([2 * i, 2 * i + 1]))
+        _, info = next(it)
+        np.testing.assert_allclose(info.probabilities, 1 / (2 * min(i, 3)), rtol=1e-6)

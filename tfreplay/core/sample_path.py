@@ -25,7 +25,9 @@ class SamplePath(ReplayBuffer):
     """How a composed buffer draws, reads and packages samples (see the module docstring)."""
 
     _ops: Any
-    # Dataset elements drawn per map call (`_sample_dataset`): a twin sets what its calls cost.
+    # Dataset elements drawn per map call (`_sample_dataset`): a twin sets what its calls cost. The TF twin
+    # keeps 1: each element is drawn when the pipeline asks for it, so one read after an add sees that add
+    # (TF-Agents' tests rely on it), and a block saved only about 4 µs per element there.
     _dataset_block = 1
 
     def _sample_plan(
@@ -148,16 +150,12 @@ class SamplePath(ReplayBuffer):
         sample's draws over its mass, so there each element is a sample of its
         own. With a rate limiter each element is one call, admitted on its own.
         """
-        block = self._block_of(sample_batch_size or 1, num_steps, transform) if self._gate.limiter is None else 1
+        block = self._dataset_block if self._gate.limiter is None else 1
         if block == 1:
             return super()._sample_dataset(sample_batch_size, num_steps, num_parallel_calls, transform)
         deterministic = None if num_parallel_calls is None else False  # independent draws: deliver as they finish
         draw = lambda _: self._sample_block(block, sample_batch_size, num_steps, transform)  # noqa: E731
         return counter_dataset().map(draw, num_parallel_calls=num_parallel_calls, deterministic=deterministic).unbatch()
-
-    def _block_of(self, size: int, num_steps: int | None, transform: Any) -> int:
-        """Dataset elements per map call for samples of `size` windows."""
-        return self._dataset_block
 
     def _sample_block(self, block: int, sample_batch_size: int | None, num_steps: int | None, transform: Any) -> Nest:
         """`block` samples as tensors, stacked: `(items, BufferInfo)` with a leading `[block]` axis."""

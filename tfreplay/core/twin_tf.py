@@ -36,11 +36,10 @@ from tfreplay.core.storage import spec_nbytes
 # Samples of at least this many bytes copy their rows outside the lock (see `TFBuffer._sample`): there the copy
 # costs more than the overwrite check and its fallback branch, and parallel samplers copy side by side.
 UNLOCKED_READ_BYTES = 1 << 18
+
+
 # A dataset draws several elements per map call up to this many bytes per call: `unbatch` copies each element
 # out of the block, which for large elements costs more than the map call it saves.
-DATASET_BLOCK_BYTES = 1 << 17
-
-
 class Untracked:
     """Holds a value out of sight of `tf.Module` and checkpoint tracking (state that is not saved)."""
 
@@ -154,7 +153,6 @@ class TFBuffer(ComposedBuffer):
     """
 
     _ops = TF_OPS
-    _dataset_block = 4  # a map call costs more than drawing a few more windows (see `_sample_dataset`)
 
     def __init__(
         self,
@@ -295,11 +293,6 @@ class TFBuffer(ComposedBuffer):
             if count.numpy() <= 0:
                 raise ValueError(self.empty_message("get_next", num_steps, transform))
         return self._split_steps(items, info, sample_batch_size is not None, num_steps, time_stacked)
-
-    def _block_of(self, size: int, num_steps: int | None, transform: Any) -> int:
-        n = (num_steps or 1) if transform is None else transform.num_steps
-        nbytes = size * n * spec_nbytes(self._storage.item_spec)
-        return max(1, min(self._dataset_block, DATASET_BLOCK_BYTES // max(nbytes, 1)))
 
     def _sample_tensors(
         self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
