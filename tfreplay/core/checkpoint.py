@@ -50,7 +50,7 @@ from tfreplay.core.specs import Nest
 
 FORMAT_VERSION = 1
 _WHERE = "checkpoint restore"
-_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins", "index_newest", "sum_tree")
+_FIELDS = ("storage", "history_len", "batch_size", "max_length", "capacity", "index_bins", "sum_tree")
 
 
 def layout(data_spec: Nest, batch_size: int, max_length: int, history_len: int | None = None) -> dict:
@@ -89,8 +89,7 @@ def check_layout(saved: Any, expected: dict) -> None:
             "it was written by another tfreplay version."
         )
     for field in _FIELDS:
-        if field != "index_newest":
-            _check_field(field, saved.get(field), expected.get(field))
+        _check_field(field, saved.get(field), expected.get(field))
     leaves = saved.get("leaves")
     _check_field("leaves", list(leaves) if isinstance(leaves, dict) else leaves, list(expected["leaves"]))
     assert isinstance(leaves, dict)  # the check above compared its keys

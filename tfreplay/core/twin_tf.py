@@ -38,8 +38,6 @@ from tfreplay.core.storage import spec_nbytes
 UNLOCKED_READ_BYTES = 1 << 18
 
 
-# A dataset draws several elements per map call up to this many bytes per call: `unbatch` copies each element
-# out of the block, which for large elements costs more than the map call it saves.
 class Untracked:
     """Holds a value out of sight of `tf.Module` and checkpoint tracking (state that is not saved)."""
 
