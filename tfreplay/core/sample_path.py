@@ -51,17 +51,18 @@ class SamplePath(ReplayBuffer):
         local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
         step_rows, ids = ring.rows_of(local, segment[:, None], *layout), ring.local_to_rows(t, segment, *layout)[1]
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)
+        steps = self._steps_of(transform)
         if not view.padded:
             mask = ops.ones_like(step_rows) > 0
         else:  # the stored items; with an index, those of the first item's episode
             mask = episodes.window_mask(segment, local, view.num_adds, ops)
-            if view.pos_at is not None and not self._steps_of(transform):
+            if view.pos_at is not None and not steps:
                 # Whole windows: `pos` is read with the items (`_read_planned`), not in the draw: in a
                 # compiled draw XLA on CPU splits a gather from a large `pos` across threads.
                 return (plan, mask, step_rows), ids, probs, count
             if view.pos_at is not None:
                 mask = mask & episodes.same_episode(view.pos_at(step_rows), ops)
-        if not self._steps_of(transform):
+        if not steps:
             return (plan, mask), ids, probs, count
         # Each window's last real step, and the rows of its first and last: fields read there alone.
         last = ops.sum(ops.to_int64(mask), 1) - 1
