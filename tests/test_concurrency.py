@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from helpers import SPEC, decode, make_items, run_threads
 
-from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
+from tfreplay import PyUniformReplayBuffer, Sequences, TFUniformReplayBuffer
 from tfreplay.core.twin_tf import locked_call, tf_exclusive
 
 WRITERS, ADDS_PER_WRITER, ROWS = 3, 150, 4
@@ -150,6 +150,58 @@ def test_tf_samples_show_the_items_their_ids_name_while_a_writer_wraps_around(si
     assert len(samples) >= 20
     for ids, payloads in samples:
         np.testing.assert_array_equal(payloads, ids)
+
+
+@pytest.mark.slow
+def test_tf_episode_windows_drawn_unlocked_stay_whole_while_a_writer_wraps_around():
+    """Small samples through the episode index draw and read without the lock, and are drawn again under it when
+    a write started meanwhile. One writer adds payload == global id in episodes of 4 items (a ring of 7), so a
+    whole window shows its first id plus one segment stride per step, inside one episode; a draw that read the
+    index halfway through a write, or rows overwritten after it, would show other payloads."""
+    episode, n = 4, 3
+    rb = TFUniformReplayBuffer({**SPEC, "step_type": tf.TensorSpec([], tf.int32)}, batch_size=ROWS, max_length=7)
+
+    def add(k):
+        step_type = np.full([ROWS], 0 if k % episode == 0 else 1, np.int32)
+        rb.add_batch({**make_items(k * ROWS + np.arange(ROWS)), "step_type": step_type})
+
+    for k in range(episode):
+        add(k)
+    done = threading.Event()
+    samples = []
+
+    def write():
+        for k in range(episode, 600):
+            add(k)
+        done.set()
+
+    def reader(draw):
+        def read():
+            while not done.is_set():
+                window, info = draw()
+                samples.append(
+                    (np.asarray(info.ids), np.asarray(window.mask), tf.nest.map_structure(np.asarray, window.items))
+                )
+
+        return read
+
+    strict, padded = Sequences(n), Sequences(n, pad=True)
+    iterator = iter(rb.as_dataset(16, transform=strict, num_parallel_calls=2))
+    draws = [
+        lambda: rb.get_next(16, transform=strict),
+        tf.function(lambda: rb.get_next(16, transform=padded)),
+        iterator.__next__,
+    ]
+    for draw in draws:
+        draw()  # traced before the writer starts
+    run_threads([write] + [reader(draw) for draw in draws])
+    assert len(samples) >= 30
+    for ids, mask, items in samples:
+        assert (mask[:, 0] & (np.diff(mask.astype(int), axis=1) <= 0).all(1)).all(), "a mask is not a prefix"
+        expected = ids[:, None] + ROWS * np.arange(n)
+        np.testing.assert_array_equal(decode(tf.nest.map_structure(lambda x, m=mask: x[m], items)), expected[mask])
+        local = np.where(mask, expected // ROWS, expected[:, :1] // ROWS)
+        assert (local // episode == local[:, :1] // episode).all(), "a window crosses an episode boundary"
 
 
 # The TF buffers' lock: released on every path, never left to the garbage collector.

@@ -270,22 +270,22 @@ class ComposedBuffer(SinglePass, SamplePath):
     def _pos_at(self, rows: Any) -> Any:
         return self._ops.to_int64(self._ops.gather(self._pos, rows))
 
-    def _view(self, transform: Any = None) -> View:
+    def _view(self, transform: Any = None, read: Callable[[Any], Any] | None = None) -> View:
+        """What the sampler may read now (under the lock), each state array through `read` (default `ops.read`)."""
         window, padded = self._windows(transform)
-        has_index = window is not None
-        num_adds = self._ops.read(self._num_adds)
+        has_index, read = window is not None, read or self._ops.read
         return View(
             ops=self._ops,
-            num_adds=num_adds,
+            num_adds=read(self._num_adds),
             max_length=self._max_length,
             num_segments=self._num_segments,
             draw=self._draw,
             uniform=self._uniform,
             window=window,
             pos_at=self._pos_at if has_index else None,
-            pos_counts=self._ops.read(self._pos_counts) if has_index else None,
+            pos_counts=read(self._pos_counts) if has_index else None,
             padded=padded,
-            newest=self._ops.read(self._newest) if padded and has_index else None,
+            newest=read(self._newest) if padded and has_index else None,
         )
 
     def _num_frames(self) -> Any:

@@ -5,7 +5,9 @@ once against an `ops` namespace, so the NumPy twin runs the same lines on
 arrays that the TF twin runs on tensors, in graphs and under XLA. Stateful
 operations (`scatter`, `assign`, `bin_add`) act on a NumPy array in place or
 on a `tf.Variable`, returning the update op; `after(updates, fn)` orders what
-follows after them (a no-op for NumPy).
+follows after them (a no-op for NumPy). `rare(common, then, otherwise)` is a
+`cond` whose `otherwise` is rarely taken (a fallback): in a graph it costs
+next to nothing while not taken.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 try:  # XLA has no mutex op and cannot raise: the twins check this to skip locks and assertions.
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
@@ -73,6 +76,18 @@ def _tf_cummax0(x: tf.Tensor) -> tf.Tensor:
     return x if x.shape[0] == 1 else tf.scan(tf.maximum, x)
 
 
+def _tf_rare(common: Any, then: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+    """`tf.cond(common, then, otherwise)` for an `otherwise` rarely taken. In a graph the `If` stays a function
+    call: lowered to switches, as a graph's conds are, each of the branch's ops would still cost the executor a
+    step whenever the branch is not taken."""
+    out = tf.cond(common, then, otherwise)
+    if isinstance(common, tf.Tensor) and not tf.executing_eagerly():
+        branch = tf.nest.flatten(out)[0].op.inputs[0].op  # the outputs are identities of the If's
+        if branch.type in ("If", "StatelessIf"):
+            branch._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    return out
+
+
 def _np_loop(cond: Callable, body: Callable, state: tuple, most: int) -> tuple:
     for _ in range(most):
         if not cond(*state):
@@ -118,6 +133,7 @@ NUMPY_OPS = types.SimpleNamespace(
     bin_add=_np_bin_add,
     after=lambda updates, fn: fn(),
     cond=lambda pred, true_fn, false_fn: true_fn() if pred else false_fn(),
+    rare=lambda common, then, otherwise: then() if common else otherwise(),
     loop=_np_loop,
     concat=lambda parts: np.concatenate(parts, 0),
     outer_reshape=lambda x, like: x.reshape(np.shape(like) + x.shape[1:]),
@@ -157,6 +173,7 @@ TF_OPS = types.SimpleNamespace(
     bin_add=_tf_bin_add,
     after=_tf_after,
     cond=tf.cond,
+    rare=_tf_rare,  # a cond whose second branch is rarely taken
     loop=lambda cond, body, state, most: tf.while_loop(cond, body, state, maximum_iterations=most),
     concat=lambda parts: tf.concat(parts, 0),
     outer_reshape=lambda x, like: tf.reshape(x, tf.concat([tf.shape(like), tf.shape(x)[1:]], 0)),

@@ -19,6 +19,7 @@ from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
 from tfreplay.core.gate import Gate
 from tfreplay.core.ops import NUMPY_OPS
+from tfreplay.core.samplers import View
 from tfreplay.core.specs import Nest
 from tfreplay.core.twin_tf import resolve_seed
 
@@ -83,6 +84,7 @@ class PyBuffer(ComposedBuffer):
         seed = resolve_seed(seed)
         object.__setattr__(self, "_rng", np.random.default_rng(seed))
         object.__setattr__(self, "_arrays", {})
+        object.__setattr__(self, "_views", {})
         super().__init__(data_spec, segments, length, storage, sampler, episode_rule, name=name, **options)
         self._lockstep = batch_size is not None
         insert_size = segments if self._lockstep else 1
@@ -114,6 +116,15 @@ class PyBuffer(ComposedBuffer):
 
     def frame_stacks(self, frames: np.ndarray, rows: np.ndarray, history_len: int, num_steps: int | None) -> Any:
         return stacks.np_stacks(frames, rows, history_len, num_steps)
+
+    def _view(self, transform: Any = None, read: Callable[[Any], Any] | None = None) -> View:
+        """Views are taken and used under the lock, where no array moves: a NumPy view holds the live arrays,
+        so each kind of window's view is made once."""
+        key = self._windows(transform)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = super()._view(transform, read=lambda array: array)
+        return view
 
     def _exclusive(self, fn: Callable[[], Any]) -> Any:
         with self._lock:

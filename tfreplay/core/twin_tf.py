@@ -1,14 +1,15 @@
 """The TF twin: a composed buffer in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
 
-Writes run in one `tf.CriticalSection`. A small sample is drawn and read
-inside it. A large one (`UNLOCKED_READ_BYTES`) reads its rows outside it (a
-versioned read): the draw takes the ring's state (under the lock, or for
-plain uniform ring windows from one atomic read of `num_adds`, with no lock
-at all), the rows are gathered unlocked, and two write counters read before
-the draw and after the gather tell whether a writer may have overwritten a
-row meanwhile; only then is the sample drawn again, under the lock. So
-concurrent writers and samplers never see a torn item, and samplers copy
-large samples in parallel. (XLA has no mutex: under `jit_compile` the caller must not race;
+Writes run in one `tf.CriticalSection`. Samples read without it (a
+versioned read): writers count the items they start and finish, a sample
+reads the finished count before its draw and the started count after its
+gather, and only a sample a write may have torn is drawn again, under the
+lock, in a branch that costs nothing while not taken. A small sample needs
+no write to have started meanwhile, so its draw reads the index unlocked
+too; a large one (`UNLOCKED_READ_BYTES`) allows writes that land beside its
+rows, so while writers run, samplers still copy large samples in parallel
+(its draw then takes the lock, except plain uniform ring windows, which read
+nothing but one atomic `num_adds`). (XLA has no mutex: under `jit_compile` the caller must not race;
 XLA cannot raise either, so there an empty buffer's samples carry probability
 0.) Eager calls go through concrete functions traced once per shape. Draws
 through the episode index are compiled with XLA; frames are stacked by the
@@ -33,8 +34,8 @@ from tfreplay.core.samplers.uniform import UniformSampler
 from tfreplay.core.specs import Nest
 from tfreplay.core.storage import spec_nbytes
 
-# Samples of at least this many bytes copy their rows outside the lock (see `TFBuffer._sample`): there the copy
-# costs more than the overwrite check and its fallback branch, and parallel samplers copy side by side.
+# Samples of at least this many bytes allow writes beside their rows while they copy (see `TFBuffer._sample`):
+# there the copy costs more than the per-row overwrite check.
 UNLOCKED_READ_BYTES = 1 << 18
 
 
@@ -304,58 +305,61 @@ class TFBuffer(ComposedBuffer):
         """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
         size = 1 if sample_batch_size is None else sample_batch_size
         n = (num_steps or 1) if transform is None else transform.num_steps
-        unlocked = size * n * spec_nbytes(self._storage.item_spec) >= UNLOCKED_READ_BYTES
+        large = size * n * spec_nbytes(self._storage.item_spec) >= UNLOCKED_READ_BYTES
         with tf.device(self._device), tf.name_scope(self._scope):
-            sample = self._sample if unlocked else self._locked_sample
-            items, ids, probs, count = sample(size, num_steps, transform)
+            items, ids, probs, count = self._sample(size, num_steps, transform, large)
         items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True, transform)
         return items, info, count
 
-    def _sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
+    def _sample(self, size: int, num_steps: int | None, transform: Any, large: bool) -> tuple:
         """`(items, ids, probabilities, count)`: a versioned read, drawn again under the lock if it may be torn.
 
         Writers count the items they start and finish per segment. The draw
-        reads the finished count first; after the gather, started minus that
-        count covers every item written meanwhile, or still being written when
-        the draw read the ring: they land at the ring positions just after the
-        draw's `num_adds`. A sample none of whose rows lies there is whole. (A
-        clear counts as `max_length` items: every row.)
+        reads the finished count first, and the started count is read after
+        the gather. A small sample is whole when no write started meanwhile
+        (the counts are equal): then the draw needs no lock either. A large
+        one copies long enough for writes to land beside it, so it allows
+        them where they cannot touch its rows: started minus finished covers
+        every item written meanwhile, or still being written when the draw
+        read the ring, and they land at the ring positions just after the
+        draw's `num_adds`. (A clear counts as `max_length` items: every row.)
+        Only a sample that may be torn is drawn again, under the lock, in a
+        branch that costs nothing while not taken.
         """
         if under_xla():  # no lock and no concurrency
             return self._read_sample(size, num_steps, transform)
         finished = self._finished.value.read_value()
         with tf.control_dependencies([finished]):
-            plan, ids, probs, count, num_adds = self._draw_plan(size, num_steps, transform)
-        rows = plan if transform is None else plan[0]  # a transform's plan adds its mask and step indices
-        limit = finished + self._slack(rows, num_adds)  # computed while the rows are gathered
+            plan, ids, probs, count, num_adds = self._draw_plan(size, num_steps, transform, locked=large)
+        if large:  # computed while the rows are gathered
+            limit = finished + self._slack(plan if transform is None else plan[0], num_adds)
         items = self._read_planned(plan, num_steps, transform)
         with tf.control_dependencies(tf.nest.flatten(items)):
             started = self._started.value.read_value()
-        return tf.cond(
-            tf.reduce_any(started > limit),
-            lambda: self._locked_sample(size, num_steps, transform),
+        return TF_OPS.rare(
+            tf.reduce_all(started <= (limit if large else finished)),
             lambda: (items, ids, probs, count),
+            lambda: self._locked_sample(size, num_steps, transform),
         )
 
-    def _draw_plan(self, size: int, num_steps: int | None, transform: Any) -> tuple:
+    def _draw_plan(self, size: int, num_steps: int | None, transform: Any, locked: bool) -> tuple:
         """`(read plan, ids, probabilities, count, num_adds)`: the draw and the ring state it saw.
 
         Plain uniform ring windows read nothing but `num_adds` (one atomic
         read, published by writers after their rows) and the generator: no
-        lock. Other draws read several variables, under the lock; through the
-        episode index the draw is compiled with XLA.
+        lock. Other draws read several variables, so a draw that writes may
+        overlap (`locked`) takes the lock; through the episode index the draw
+        is compiled with XLA.
         """
 
         def draw() -> tuple:
             view = self._view(transform)
             return (*self._sample_plan(size, num_steps, transform, view), view.num_adds)
 
-        if self._windows(transform)[0] is None:
-            if type(self._sampler) is UniformSampler:
-                return draw()
-            return locked_call(self._lock, draw)
-        compiled = self._eager.get(f"plan/{size}/{num_steps}/{transform!r}", draw, jit_compile=True)
-        return locked_call(self._lock, compiled)
+        locked = locked and (self._windows(transform)[0] is not None or type(self._sampler) is not UniformSampler)
+        if self._windows(transform)[0] is not None:
+            draw = self._eager.get(f"plan/{size}/{num_steps}/{transform!r}", draw, jit_compile=True)
+        return locked_call(self._lock, draw) if locked else draw()
 
     def _slack(self, plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
         """Per segment, how many items may be written after `num_adds` before one overwrites a row of `plan`,

@@ -43,7 +43,6 @@ from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 
 from tfreplay.core import episodes, ring
 from tfreplay.core.ops import TF_OPS
@@ -163,8 +162,8 @@ class PrioritizedSampler:
             if fused is not None:
                 segment, t, leaf, ok, all_ok, probs, count = fused
                 first = (segment, t, leaf, ok, all_ok)
-                return _rare(
-                    ops, all_ok, lambda: (segment, t, probs, count), lambda: self._drawn(view, size, n, uniform, first)
+                return ops.rare(
+                    all_ok, lambda: (segment, t, probs, count), lambda: self._drawn(view, size, n, uniform, first)
                 )
         return self._drawn(view, size, n, uniform)
 
@@ -195,7 +194,7 @@ class PrioritizedSampler:
 
             return ops.cond(ops.all(found) | (count <= 0), lambda: (seg, start, value), exact)
 
-        segment, t, leaf = _rare(ops, all_ok, lambda: (segment, t, leaf), redraw)
+        segment, t, leaf = ops.rare(all_ok, lambda: (segment, t, leaf), redraw)
         # An empty buffer's sample is refused: dividing by 1 more only keeps its probabilities finite.
         probs = ops.to_float32(leaf / (total + ops.to_float64(count <= 0)))
         return segment, t, probs, count
@@ -233,18 +232,6 @@ class PrioritizedSampler:
         pick = ops.minimum(pick, view.num_segments * view.max_length - 1)
         seg, t = pick // view.max_length, ops.gather(ops.reshape(t, [-1]), pick)
         return seg, t, ops.gather(weight, pick)
-
-
-def _rare(ops: Any, common: Any, then: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
-    """`ops.cond(common, then, otherwise)` for an `otherwise` rarely taken. In a TF graph the `If` stays a
-    function call: lowered to switches, as a graph's conds are, each of the branch's ops would still cost the
-    executor a step whenever the branch is not taken."""
-    out = ops.cond(common, then, otherwise)
-    if isinstance(common, tf.Tensor) and not tf.executing_eagerly():
-        branch = tf.nest.flatten(out)[0].op.inputs[0].op  # the outputs are identities of the If's
-        if branch.type in ("If", "StatelessIf"):
-            branch._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
-    return out
 
 
 def young(view: View, n: int) -> Any:
