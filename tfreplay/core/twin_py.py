@@ -85,6 +85,7 @@ class PyBuffer(ComposedBuffer):
         object.__setattr__(self, "_rng", np.random.default_rng(seed))
         object.__setattr__(self, "_arrays", {})
         object.__setattr__(self, "_views", {})
+        object.__setattr__(self, "_checks_priorities", None)
         super().__init__(data_spec, segments, length, storage, sampler, episode_rule, name=name, **options)
         self._lockstep = batch_size is not None
         insert_size = segments if self._lockstep else 1
@@ -210,10 +211,13 @@ class PyBuffer(ComposedBuffer):
         ids = np.asarray(ids.numpy() if isinstance(ids, tf.Tensor) else ids, np.int64)
         values = priorities.numpy() if isinstance(priorities, tf.Tensor) else priorities
         values = np.asarray(values, np.float64)
-        checked = self._update_checks_priorities()  # the compiled update refuses bad values itself
-        check_priorities(ids.shape, values.shape, None if checked else values)
+        if self._checks_priorities is None:  # whether the compiled update refuses bad values itself: fixed
+            object.__setattr__(self, "_checks_priorities", self._update_checks_priorities())
+        check_priorities(ids.shape, values.shape, None if self._checks_priorities else values)
+        if ids.ndim != 1:
+            ids, values = ids.reshape(-1), values.reshape(-1)
         with self._lock:
-            return int(self._update_locked(ids.reshape(-1), values.reshape(-1)))
+            return int(self._update_locked(ids, values))
 
     def _gather_all(self) -> Nest:
         return self._exclusive(self._gather_all_locked)

@@ -29,26 +29,44 @@ inline int64_t RootFanout(int64_t leaves) {
   return f;
 }
 
-// One level of a descent through nodes of fanout F: at a node the target passes child j while it is at least
-// the running sum of children 0..j; the last child takes what is left (a target past the sum lands there).
+// One level of a descent through nodes of fanout F, for `Lanes` draws side by side: at a node the target
+// passes child j while it is at least the running sum of children 0..j; the last child takes what is left (a
+// target past the sum lands there). A draw's running sums form one chain of dependent additions; several
+// draws interleaved give the CPU independent chains to overlap (each draw's arithmetic is unchanged).
+template <int64_t F, int Lanes>
+inline void DescendLanes(const double* tree, int64_t* node, double* rest, bool prefetch) {
+  const double* child[Lanes];
+  double u[Lanes], running[Lanes], passed[Lanes];
+  int64_t j[Lanes];
+  for (int l = 0; l < Lanes; ++l) {
+    child[l] = tree + F * node[l];
+    u[l] = rest[l];
+    running[l] = child[l][0];
+    passed[l] = 0.0;
+    j[l] = 0;
+  }
+  for (int64_t i = 0; i + 1 < F; ++i) {
+    for (int l = 0; l < Lanes; ++l) {
+      if (i > 0) running[l] = running[l] + child[l][i];
+      const bool past = u[l] >= running[l];  // running sums only grow: the passed ones come first
+      j[l] += past ? 1 : 0;
+      passed[l] = past ? running[l] : passed[l];
+    }
+  }
+  for (int l = 0; l < Lanes; ++l) {
+    rest[l] = j[l] > 0 ? u[l] - passed[l] : u[l];
+    node[l] = F * node[l] + j[l];
+    // The next level reads this node's children: start loading them now, while the other draws descend.
+    if (prefetch) __builtin_prefetch(tree + kFanout * node[l]);
+  }
+}
+
 template <int64_t F>
 inline void DescendLevel(const double* tree, int64_t size, int64_t* node, double* rest, bool prefetch) {
-  for (int64_t b = 0; b < size; ++b) {
-    const double* child = tree + F * node[b];
-    const double u = rest[b];
-    double running = child[0], passed = 0.0;
-    int64_t j = 0;
-    for (int64_t i = 0; i + 1 < F; ++i) {
-      if (i > 0) running = running + child[i];
-      const bool past = u >= running;  // running sums only grow: the passed ones come first
-      j += past ? 1 : 0;
-      passed = past ? running : passed;
-    }
-    rest[b] = j > 0 ? u - passed : u;
-    node[b] = F * node[b] + j;
-    // The next level reads this node's children: start loading them now, while the other draws descend.
-    if (prefetch) __builtin_prefetch(tree + kFanout * node[b]);
-  }
+  constexpr int kLanes = 4;
+  const int64_t whole = size - size % kLanes;
+  for (int64_t b = 0; b < whole; b += kLanes) DescendLanes<F, kLanes>(tree, node + b, rest + b, prefetch);
+  for (int64_t b = whole; b < size; ++b) DescendLanes<F, 1>(tree, node + b, rest + b, prefetch);
 }
 
 // For each target mass u (in [0, tree[1])), the row whose leaf holds it and that leaf's value. `node` is

@@ -59,7 +59,7 @@ class SumTree:
         # library (looked up on first use: a lookup takes a lock).
         self._address = _address(self.array) if isinstance(self.array, np.ndarray) else 0
         self._library: Any = _UNSET
-        self._top: tuple = (None, 0)  # the NumPy max_priority array the update raises, and its address
+        self._held: dict[str, tuple] = {}  # role -> (an array the buffer keeps, its address): see `_held_address`
 
     def _kernel(self) -> Any:
         """The ctypes library (NumPy), the TF op module (a CPU variable outside XLA), or None."""
@@ -181,7 +181,7 @@ class SumTree:
         all_ok = kernel.tfreplay_ring_draw(
             self._address,
             self.leaves,
-            _address(adds),
+            self._held_address("num_adds", adds),
             adds.size,
             max_length,
             n,
@@ -211,7 +211,7 @@ class SumTree:
         code = kernel.tfreplay_ring_sample(
             self._address,
             self.leaves,
-            _address(adds),
+            self._held_address("num_adds", adds),
             adds.size,
             max_length,
             _address(uniform),
@@ -248,25 +248,31 @@ class SumTree:
             return [stale], stale
         adds, ids, priorities = _c(num_adds, np.int64), _c(ids, np.int64), _c(priorities, np.float64)
         values = ops.power(np.abs(priorities), alpha)  # the same for good priorities; no warning for bad ones
-        if self._top[0] is not max_priority:  # the sampler's array, assigned in place: its address once
-            self._top = (max_priority, _address(max_priority))
         stale = kernel.tfreplay_ring_update(
             self._address,
             self.leaves,
-            _address(adds),
+            self._held_address("num_adds", adds),
             adds.size,
             max_length,
             _address(ids),
             _address(values),
             _address(priorities),
             ids.size,
-            self._top[1],
+            self._held_address("max_priority", max_priority),
         )
         if stale < 0:  # a bad priority: nothing was written
             from tfreplay.core.buffer import check_priorities  # here: the buffer module imports the samplers
 
             check_priorities(ids.shape, priorities.shape, priorities)  # raises, naming the bad values
         return [], np.int64(stale)
+
+    def _held_address(self, role: str, array: np.ndarray) -> int:
+        """The address of `array`, taken once while the same array comes for `role`: the buffer's `num_adds` and
+        the sampler's largest priority are kept and assigned in place (a restore copies into them too)."""
+        held = self._held.get(role)
+        if held is None or held[0] is not array:
+            held = self._held[role] = (array, _address(array))
+        return held[1]
 
 
 def _address(array: np.ndarray) -> int:
