@@ -30,7 +30,8 @@ from tfreplay.core.episodes import Shape
 
 @dataclasses.dataclass
 class View:
-    """What a sampler may read, taken under the buffer's lock.
+    """What a sampler may read: taken under the buffer's lock, or by a TF sample without it, which the write
+    counters check afterwards (`core/twin_tf.py`).
 
     `window` is None when episodes do not matter (plain ring windows);
     otherwise windows are drawn through the episode index (`pos_at`,
