@@ -6,6 +6,7 @@ block the test thread, and threads are joined with a timeout and checked.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -14,6 +15,7 @@ import helpers  # noqa: F401  (quiets TF before it loads)
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from tfreplay import (
     BufferClosedError,
@@ -441,19 +443,201 @@ def test_collector_and_learner_threads_keep_the_ratio_and_stop_on_close(twin, le
 # --- checkpoints --------------------------------------------------------------------------
 
 
-def test_checkpoints_hold_items_not_limiter_counts(twin, tmp_path):
-    limiter = MinSize(2)
-    rb = make(twin, limiter)
-    fill(rb, twin, 2)
+KINDS = {
+    "tf": lambda lim: TFUniformReplayBuffer(SPEC, 2, 64, seed=0, rate_limiter=lim),
+    "py": lambda lim: PyUniformReplayBuffer(SPEC, batch_size=2, max_length=64, seed=0, rate_limiter=lim),
+    "tf-prioritized": lambda lim: TFPrioritizedReplayBuffer(SPEC, 2, 64, seed=0, rate_limiter=lim),
+    "py-prioritized": lambda lim: PyPrioritizedReplayBuffer(
+        SPEC, batch_size=2, max_length=64, seed=0, rate_limiter=lim
+    ),
+}
+
+
+def ratio() -> SampleToInsertRatio:
+    """2 samples per insert after 4 items, the error kept in [0, 16]; never waits (a refused call raises)."""
+    return SampleToInsertRatio(2.0, 4, 8.0, insert_timeout=0, sample_timeout=0)
+
+
+def save(rb, tmp_path, name: str = "ckpt") -> str:
+    return tf.train.Checkpoint(buffer=rb).write(str(tmp_path / name))
+
+
+def restored(kind: str, limiter: RateLimiter | None, path: str):
+    rb = KINDS[kind](limiter)
+    tf.train.Checkpoint(buffer=rb).read(path).assert_consumed()
+    return rb
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_restored_limiter_resumes_the_saved_counts(kind, tmp_path):
+    twin = kind[:2]
+    rb = KINDS[kind](ratio())
+    fill(rb, twin, 3)  # 6 inserts: error 12
+    rb.get_next(sample_batch_size=3)  # error 9
+    path = save(rb, tmp_path)
+    limiter = ratio()
+    fresh = restored(kind, limiter, path)
+    assert limiter.info()[:4] == (6, 3, 0, 6)  # inserts, samples, pending, size
+    assert limiter.info().error == 9
+    fresh.get_next(sample_batch_size=3)  # admitted at once: the warm-up is not repeated
+    fresh.add_batch(items(twin, 100))  # error 6 + 4 = 10
+    fresh.add_batch(items(twin, 102))  # 14
+    with pytest.raises(RateLimitTimeoutError, match=r"add_batch: the rate limiter would wait .* error=14"):
+        fresh.add_batch(items(twin, 104))  # 18 > 16: the learner is behind, as it was before the save
+    assert limiter.info()[:4] == (10, 6, 0, 10)
+
+
+@pytest.mark.parametrize("kind", ["tf", "py"])
+def test_a_checkpoint_without_counts_resumes_after_the_warm_up(kind, tmp_path):
+    """Counts start as if the stored items had just ended the warm-up: error = min(size, min_size) * spi."""
+    twin = kind[:2]
+    full, short = KINDS[kind](None), KINDS[kind](None)
+    fill(full, twin, 3)
+    fill(short, twin, 1)
+    limiter = ratio()
+    rb = restored(kind, limiter, save(full, tmp_path, "full"))
+    assert limiter.info()[:4] == (4, 0, 0, 6)
+    rb.get_next(sample_batch_size=8)  # error 8 - 8 = 0: admitted at once
+    with pytest.raises(RateLimitTimeoutError, match=r"get_next: the rate limiter would wait"):
+        rb.get_next()
+    limiter = ratio()
+    rb = restored(kind, limiter, save(short, tmp_path, "short"))
+    assert limiter.info()[:4] == (2, 0, 0, 2)  # still warming up: samples wait, inserts pass
+    with pytest.raises(RateLimitTimeoutError, match=r"get_next: the rate limiter would wait"):
+        rb.get_next()
+    rb.add_batch(items(twin, 10))
     rb.get_next()
-    path = tf.train.Checkpoint(buffer=rb).write(str(tmp_path / "ckpt"))
-    fresh_limiter = MinSize(2, sample_timeout=0)
-    fresh = make(twin, fresh_limiter)
-    tf.train.Checkpoint(buffer=fresh).read(path).assert_consumed()
-    assert int(fresh.num_frames()) == 4
-    assert fresh_limiter.info()[:3] == (0, 0, 0)  # this process's counts: the learner waits for new items
-    with pytest.raises(RateLimitTimeoutError, match=r"would wait"):
-        fresh.get_next()
-    plain = make(twin, None)  # and the same checkpoint restores into a buffer without a limiter
-    tf.train.Checkpoint(buffer=plain).read(path).assert_consumed()
-    assert int(plain.num_frames()) == 4
+
+
+@pytest.mark.parametrize("kind", ["tf", "py"])
+def test_counts_restore_into_a_buffer_without_a_limiter_and_back(kind, tmp_path):
+    twin = kind[:2]
+    rb = KINDS[kind](ratio())
+    fill(rb, twin, 3)
+    rb.get_next(sample_batch_size=3)
+    plain = restored(kind, None, save(rb, tmp_path))  # the counts have nowhere to go
+    assert int(plain.num_frames()) == 6
+    plain.add_batch(items(twin, 50))
+    limiter = ratio()
+    restored(kind, limiter, save(plain, tmp_path, "plain"))  # saved without counts: the warm-up rule
+    assert limiter.info()[:4] == (4, 0, 0, 8)
+
+
+def test_a_save_inside_tf_function_writes_the_counts_when_it_runs(tmp_path):
+    rb = KINDS["tf"](ratio())
+    fill(rb, "tf", 3)
+    checkpoint = tf.train.Checkpoint(buffer=rb)
+    write = tf.function(lambda: checkpoint.write(str(tmp_path / "ckpt")))
+    write()  # traced here, with no samples yet
+    tf.function(lambda: rb.get_next(sample_batch_size=3))()
+    path = write().numpy().decode()
+    limiter = ratio()
+    fresh = restored("tf", limiter, path)
+    assert limiter.info()[:4] == (6, 3, 0, 6)
+    tf.function(lambda: fresh.get_next(sample_batch_size=3))()
+
+
+def test_a_v1_graph_restore_puts_the_counts_back(tmp_path):
+    """A session restores the variables with no hook after them: the counts go in when the restore is built."""
+    rb = KINDS["tf"](ratio())
+    fill(rb, "tf", 3)
+    rb.get_next(sample_batch_size=3)
+    path = save(rb, tmp_path)
+    with tf.Graph().as_default():
+        limiter = ratio()
+        fresh = KINDS["tf"](limiter)
+        status = tf.train.Checkpoint(buffer=fresh).read(path)
+        sample = fresh.get_next(sample_batch_size=3)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.variables_initializer(list(fresh.variables())))
+            status.initialize_or_restore(sess)
+            sess.run(sample)  # admitted at once
+    assert limiter.info()[:4] == (6, 6, 0, 6)
+
+
+@pytest.mark.parametrize("twin", ["tf", "py"])
+def test_a_restore_wakes_a_sampler_waiting_on_the_empty_buffer(twin, tmp_path):
+    rb = make(twin, SampleToInsertRatio(2.0, 4, 8.0, insert_timeout=0, sample_timeout=0))
+    fill(rb, twin, 3)
+    path = save(rb, tmp_path)
+    limiter = SampleToInsertRatio(2.0, 4, 8.0, sample_timeout=JOIN)
+    fresh = make(twin, limiter)
+    thread, out = start(lambda: fresh.get_next(sample_batch_size=2))
+    time.sleep(0.2)
+    assert out == [] and limiter.info().samples == 0  # waiting: the buffer is empty
+    tf.train.Checkpoint(buffer=fresh).read(path)
+    assert joined(thread) and out == ["done"]
+    assert limiter.info()[:2] == (6, 2)
+
+
+MALFORMED = [
+    ({"inserts": 6, "samples": 3}, "must be an object with exactly"),
+    ({"inserts": 6, "samples": -1, "size": 6}, "must be an object with exactly"),
+    ({"inserts": 6, "samples": 3, "size": 6.0}, "must be an object with exactly"),
+    ({"inserts": 6, "samples": True, "size": 6}, "must be an object with exactly"),
+    ({"inserts": 6, "samples": 3, "size": 7}, "size at most inserts"),
+    ({"inserts": 999, "samples": 3, "size": 200}, r"size at most inserts and the capacity \(128\)"),
+    ([6, 3, 6], "must be an object with exactly"),
+]
+
+
+@pytest.mark.parametrize("kind", ["tf", "py"])
+@pytest.mark.parametrize("counts, message", MALFORMED)
+def test_malformed_counts_are_refused_and_change_nothing(kind, counts, message, tmp_path):
+    twin = kind[:2]
+    rb = KINDS[kind](ratio())
+    fill(rb, twin, 3)
+    rb.get_next(sample_batch_size=3)
+    crafted = rewritten(save(rb, tmp_path), str(tmp_path / "crafted"), lambda r: {**r, "rate_limiter": counts})
+    limiter = ratio()
+    target = KINDS[kind](limiter)
+    target.add_batch(items(twin, 70))
+    with pytest.raises(ValueError, match=rf"checkpoint restore: the checkpoint's rate_limiter counts .*{message}"):
+        tf.train.Checkpoint(buffer=target).read(crafted)
+    assert limiter.info()[:4] == (2, 0, 0, 2)
+    assert int(target.num_frames()) == 2
+
+
+@pytest.mark.parametrize("kind", ["tf", "py"])
+def test_a_checkpoint_from_before_the_counts_restores_with_the_warm_up_rule(kind, tmp_path):
+    """Written by a tfreplay that saved no counts (no record entry; a TF one lacks its restore hook too)."""
+    twin = kind[:2]
+    rb = KINDS[kind](ratio())
+    fill(rb, twin, 3)
+    rb.get_next(sample_batch_size=3)
+    old = rewritten(save(rb, tmp_path), str(tmp_path / "old"), without_counts, graph=without_hooks)
+    limiter = ratio()
+    fresh = KINDS[kind](limiter)
+    tf.train.Checkpoint(buffer=fresh).read(old).assert_existing_objects_matched()
+    if twin == "tf":  # the first call counts the restored items (for TF, inside a graph here)
+        tf.function(lambda: fresh.get_next(sample_batch_size=8))()
+    else:
+        fresh.get_next(sample_batch_size=8)
+    assert limiter.info()[:4] == (4, 8, 0, 6)
+
+
+def rewritten(path: str, out: str, change, graph=lambda g: g) -> str:
+    """A copy of checkpoint `path` at `out`: its layout record through `change`, its object graph through `graph`."""
+    reader = tf.train.load_checkpoint(path)
+    names = sorted(reader.get_variable_to_shape_map())
+    values = {n: reader.get_tensor(n) for n in names}
+    (key,) = [n for n in names if n.endswith(("/layout", "/py_state"))]
+    values[key] = json.dumps(change(json.loads(values[key])))
+    values["_CHECKPOINTABLE_OBJECT_GRAPH"] = graph(values["_CHECKPOINTABLE_OBJECT_GRAPH"])
+    tensors = [tf.convert_to_tensor(values[n]) for n in names]
+    tf.raw_ops.SaveV2(prefix=out, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+    return out
+
+
+def without_counts(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "rate_limiter"}
+
+
+def without_hooks(serialized: bytes) -> bytes:
+    """The object graph without the children a tfreplay before the counts did not have (a TF record's hook)."""
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(serialized)
+    for node in graph.nodes:
+        kept = [c for c in node.children if c.local_name != "after_restore"]
+        del node.children[:]
+        node.children.extend(kept)
+    return graph.SerializeToString()

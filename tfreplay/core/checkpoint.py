@@ -32,6 +32,16 @@ value and this buffer's value, and the buffer stays as it was.
   that comes without a record (written before format 1): a foreign checkpoint
   under the buffer's key raises instead of leaving the buffer empty.
 
+The record written also carries the rate limiter's counts (`rate_limiter`:
+`{"inserts", "samples", "size"}`, or null without a limiter; see
+`core/rate_limiter.py`). They are no layout field: any buffer restores them
+(one without a limiter drops them), they are checked with the record (plain
+non-negative integers, `size` at most `inserts` and the capacity) and put
+back once the items are: a NumPy buffer's in the same locked copy, a TF
+buffer's by the record's `after_restore` child, whose registered restore TF
+runs after every variable. A record without the entry (a tfreplay before it)
+restores by the limiter's rule for checkpoints without counts.
+
 Format 1 is the first versioned one: older tfreplay checkpoints are refused.
 """
 
@@ -46,6 +56,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import registration  # the checkpoint saver registry (TF >= 2.10)
 
 from tfreplay.core import episodes, specs
+from tfreplay.core.after_restore import AfterRestore
 from tfreplay.core.specs import Nest
 
 FORMAT_VERSION = 1
@@ -106,6 +117,23 @@ def check_layout(saved: Any, expected: dict) -> None:
     _check_field("index_newest", saved.get("index_newest"), expected.get("index_newest"))
 
 
+def limiter_counts(saved: Any, capacity: int) -> dict[str, int] | None:
+    """A checked record's rate limiter counts (None: saved without them); `ValueError` unless well-formed."""
+    counts = saved.get("rate_limiter")
+    if counts is None:
+        return None
+    keys = ("inserts", "samples", "size")
+    ok = isinstance(counts, dict) and sorted(counts) == sorted(keys)
+    ok = ok and all(isinstance(counts[k], int) and not isinstance(counts[k], bool) and counts[k] >= 0 for k in keys)
+    if not (ok and counts["size"] <= min(counts["inserts"], capacity)):
+        raise ValueError(
+            f"{_WHERE}: the checkpoint's rate_limiter counts ({_short(counts)}) must be an object with exactly "
+            f'"inserts", "samples" and "size", non-negative integers with size at most inserts and the capacity '
+            f"({capacity}); it was altered or written by another library."
+        )
+    return {k: counts[k] for k in keys}
+
+
 def _check_field(field: str, saved: Any, mine: Any) -> None:
     if not _same(saved, mine):
         raise ValueError(
@@ -143,20 +171,54 @@ class _Record:
 
 
 class LayoutState(_Record, tf.train.experimental.PythonState):
-    """A TF buffer's layout record, saved as JSON and checked before its variables restore.
+    """A TF buffer's layout record and limiter counts, saved as JSON and checked before its variables restore.
 
     Args:
       layout: `layout(...)` of the buffer.
+      gate: the buffer's `Gate` (its limiter's counts); None: no counts.
+      stored: returns how many items the buffer stores (read after a restore).
     """
 
-    def __init__(self, layout: dict):
-        self._layout = layout
+    def __init__(self, layout: dict, gate: Any = None, stored: Callable[[], Any] | None = None):
+        self._layout, self._gate, self._stored = layout, gate, stored
+        self._staged: list = []  # the checked counts of a restore, until its variables are in place
+        self._after_restore = AfterRestore(self._apply)
+
+    def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> dict:
+        children = super()._trackable_children(save_type, **kwargs)
+        return {**children, "after_restore": self._after_restore} if self._gate is not None else children
+
+    def _serialize_to_tensors(self) -> dict:
+        """As `PythonState`'s, but in a `tf.function` the record is read when the save runs, not when it is
+        traced (the counts move between saves)."""
+        if not tf.inside_function():
+            return super()._serialize_to_tensors()
+        value = tf.py_function(lambda: tf.constant(self.serialize()), [], tf.string)
+        return {"py_state": tf.ensure_shape(value, [])}  # PythonState's key
 
     def serialize(self) -> str:
-        return json.dumps(self._layout)
+        counts = None if self._gate is None else self._gate.counts()
+        return json.dumps({**self._layout, "rate_limiter": counts})
 
     def deserialize(self, string_value: Any) -> None:
-        check_layout(parse_json(string_value, "layout record"), self._layout)
+        record = parse_json(string_value, "layout record")
+        check_layout(record, self._layout)
+        counts = limiter_counts(record, self._layout["capacity"])
+        if self._gate is None:
+            return
+        if not tf.compat.v1.executing_eagerly_outside_functions():
+            # A v1 graph: a session restores the variables later and runs no registered restore. The counts
+            # go in now; without them the limiter keeps its own (the items are not there to count).
+            if counts is not None:
+                self._gate.restored(counts, self._stored)
+            return
+        self._staged[:] = [counts]
+        if "rate_limiter" not in record:  # written before the counts, so without `after_restore` either
+            self._gate.restored(None, self._stored, later=True)
+
+    def _apply(self) -> None:
+        if self._staged:
+            self._gate.restored(self._staged.pop(), self._stored)
 
 
 class NumpyState(_Record, tf.__internal__.tracking.Trackable):
@@ -171,6 +233,8 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
       layout: `layout(...)` of the buffer.
       scalars: returns plain integer counters by name (optional).
       restore_scalars: puts restored counters back (optional).
+      gate: the buffer's `Gate`, whose limiter counts are saved and restored (optional).
+      stored: returns how many items the buffer stores (read after the copy).
     """
 
     def __init__(
@@ -182,16 +246,19 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
         layout: dict,
         scalars: Callable[[], dict[str, int]] | None = None,
         restore_scalars: Callable[[dict[str, int]], None] | None = None,
+        gate: Any = None,
+        stored: Callable[[], int] | None = None,
     ):
         self._lock, self._arrays, self._rng, self._layout = lock, arrays, rng, layout
         self._scalars = scalars or dict
         self._restore_scalars = restore_scalars or (lambda _: None)
+        self._gate, self._stored = gate, stored
 
     def _write(self, prefix: tf.Tensor, name: str) -> None:
         """Writes one shard at `prefix`, holding the lock until the arrays are on disk."""
         with self._lock:
             tensors = {
-                "layout": tf.constant(json.dumps(self._layout)),
+                "layout": tf.constant(json.dumps({**self._layout, "rate_limiter": self._counts()})),
                 "rng": tf.constant(json.dumps(_plain(self._rng.bit_generator.state))),
                 "scalars": tf.constant(json.dumps(_plain(self._scalars()))),
             }
@@ -200,6 +267,9 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
             tf.raw_ops.SaveV2(
                 prefix=prefix, tensor_names=keys, shape_and_slices=[""] * len(keys), tensors=list(tensors.values())
             )
+
+    def _counts(self) -> dict | None:
+        return None if self._gate is None else self._gate.counts()
 
     def _read(self, path: str, name: str) -> None:
         """Checks everything the checkpoint holds for this buffer, then copies it in under the lock."""
@@ -211,7 +281,9 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
             key = _key(name, entry)
             return parse_json(reader.get_tensor(key) if dtypes.get(key) == tf.string else None, what)
 
-        check_layout(json_entry("layout", "layout record") if "layout" in entries else None, self._layout)
+        record = json_entry("layout", "layout record") if "layout" in entries else None
+        check_layout(record, self._layout)
+        counts = limiter_counts(record, self._layout["capacity"])
         arrays = self._arrays()
         wanted = {"layout", "rng", "scalars"} | {f"array/{k}" for k in arrays}
         if entries != wanted:
@@ -235,6 +307,8 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
                 dst[...] = np.asarray(src)  # a view of the restored tensor: one copy, into place
             self._rng.bit_generator.state = rng_state
             self._restore_scalars(scalars)
+            if self._gate is not None and self._stored is not None:
+                self._gate.restored(counts, self._stored)  # the items are in place: waiters may go
 
 
 def _key(name: str, entry: str) -> str:

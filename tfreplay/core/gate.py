@@ -1,4 +1,4 @@
-"""A buffer's side of its rate limiter: eager calls, graph ops and dataset ticks, and `close()`.
+"""A buffer's side of its rate limiter: eager calls, graph ops, dataset ticks, `close()` and checkpoints.
 
 Every buffer has a `Gate`, with a limiter (`core/rate_limiter.py`) or without
 (then it only keeps the closed flag). Whatever the mode, the wait happens in
@@ -155,6 +155,20 @@ class Gate:
             done = tf.numpy_function(reset, [], tf.bool, stateful=True, name="rate_limiter_reset")
         with tf.control_dependencies([done]):
             return tf.nest.map_structure(tf.identity, out)
+
+    def counts(self) -> dict[str, int] | None:
+        """The limiter's counts, for a checkpoint (None without a limiter)."""
+        return None if self.limiter is None else self.limiter._counts()
+
+    def restored(self, counts: dict[str, int] | None, stored: Callable[[], Any], *, later: bool = False) -> None:
+        """After a restore: the checkpoint's (checked) `counts`, or None for one without them; `stored()`
+        counts the restored buffer's items, read `later` when they are not in place yet. Wakes every waiter."""
+        if self.limiter is None:
+            return
+        if later:
+            self.limiter._restore_later(lambda: int(stored()))
+        else:
+            self.limiter._restore(counts, int(stored()) if counts is None else 0)
 
     def _refuse_xla(self, where: str) -> None:
         if under_xla():

@@ -19,8 +19,38 @@ its room back. So the counts are what the buffer did, and once sampling has
 begun the error stays inside `[min_diff, max_diff]` (a given-back sample may
 leave it above `max_diff` by that sample's size, until the learner samples).
 
+Checkpoints carry the counts (`inserts`, `samples`, `size`; pending inserts
+are in flight, not state), as Reverb saves its table's limiter with the
+items. `tf.train.Checkpoint(buffer=rb)` saves them in the buffer's layout
+record (`core/checkpoint.py`), and a restore puts them back once the items
+are back, then wakes every waiter: a learner waiting on an empty buffer goes
+on when a restore fills it. The settings (`samples_per_insert`, the range,
+the timeouts) are the restoring limiter's own; only the counts come from the
+checkpoint, so the error is recomputed from them with those settings. Other
+cases:
+
+* restored into a buffer without a limiter: the counts are dropped (its
+  next checkpoint has none);
+* a checkpoint without counts (saved without a limiter, or by a tfreplay
+  before them) into a buffer with one: `size` is the restored buffer's
+  stored items and the counts resume as if those items had just been
+  inserted, up to `min_size_to_sample`: `inserts = min(size,
+  min_size_to_sample)`, `samples = 0`. So a full buffer resumes where the
+  warm-up ends (the error at `min_size_to_sample * samples_per_insert`, the
+  middle of a `SampleToInsertRatio`'s range): counting every stored item as
+  an insert would let the learner draw `size * samples_per_insert` samples
+  of old items before a collector may add one, and counting none would
+  repeat the warm-up on a full buffer. A TF checkpoint from before the
+  counts restores its record before its variables, with no call after them:
+  the rule runs when the limiter is next asked (a call, `info()`), so a
+  thread already waiting then waits for the next insert or `close()`;
+* a restore built in a v1 graph: the counts go in when it is built (the
+  session restores the items later); without counts the limiter keeps its
+  own, as there are no items yet to count.
+
 `core/gate.py` is the buffer's side: the eager call, the ops a graph orders
-around its locked op, and the ticks of a sampling dataset.
+around its locked op, the ticks of a sampling dataset, and the counts a
+checkpoint carries.
 """
 
 from __future__ import annotations
@@ -28,7 +58,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -126,6 +156,7 @@ class RateLimiter:
         self._largest = {"insert": 1, "sample": 1}  # the largest call seen on each side (the deadlock check)
         self._size, self._capacity, self._closed = 0, 0, False
         self._owner: str | None = None
+        self._stored: Callable[[], int] | None = None  # a restore's item count, read when next needed
 
     def __repr__(self) -> str:
         return (
@@ -135,6 +166,7 @@ class RateLimiter:
 
     def info(self) -> RateLimiterInfo:
         """The counts now, read under the limiter's lock."""
+        self._catch_up()
         with self._cond:
             return self._info()
 
@@ -209,6 +241,7 @@ class RateLimiter:
           RateLimitTimeoutError: `timeout` ran out (at once with 0).
           ValueError: the call could never be admitted (see `_check_room`).
         """
+        self._catch_up()
         now = time.monotonic()
         deadline = None if timeout is None else (now if start is None else start) + timeout
         poll_end = None if poll is None else now + poll
@@ -256,8 +289,42 @@ class RateLimiter:
     def _reset(self) -> None:
         """After `clear()`: counts start again from zero (as Reverb's table reset); pending inserts stay pending."""
         with self._cond:
-            self._inserts, self._samples, self._size = 0, 0, 0
+            self._inserts, self._samples, self._size, self._stored = 0, 0, 0, None
             self._cond.notify_all()
+
+    def _counts(self) -> dict[str, int]:
+        """What a checkpoint saves: the written inserts, the admitted samples and the stored items."""
+        with self._cond:
+            return {"inserts": self._inserts, "samples": self._samples, "size": self._size}
+
+    def _restore(self, counts: dict[str, int] | None, stored: int) -> None:
+        """After a restore: the saved `counts` (checked by the caller), or the module doc's rule for a
+        checkpoint without them (`stored`: the restored buffer's items). Pending inserts stay pending."""
+        with self._cond:
+            self._restore_locked(counts, stored)
+
+    def _restore_locked(self, counts: dict[str, int] | None, stored: int) -> None:
+        if counts is None:
+            size = min(stored, self._capacity)
+            counts = {"inserts": min(size, self.min_size_to_sample), "samples": 0, "size": size}
+        self._inserts, self._samples, self._size = counts["inserts"], counts["samples"], counts["size"]
+        self._stored = None
+        self._cond.notify_all()
+
+    def _restore_later(self, stored: Callable[[], int]) -> None:
+        """A restore without counts whose items are not in place yet (a TF checkpoint written before the
+        counts restores its record before its variables): the rule runs when the limiter is next asked."""
+        with self._cond:
+            self._stored = stored
+
+    def _catch_up(self) -> None:
+        stored = self._stored
+        if stored is None:
+            return
+        n = stored()  # outside the lock: it may run TF ops
+        with self._cond:
+            if self._stored is stored:  # no other restore or clear came in between
+                self._restore_locked(None, n)
 
 
 class MinSize(RateLimiter):

@@ -91,7 +91,12 @@ class PyBuffer(ComposedBuffer):
         insert_size = segments if self._lockstep else 1
         object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, insert_size))
         self._numpy_state = checkpoint.NumpyState(
-            self._lock, lambda: dict(self._arrays), self._rng, layout=self.checkpoint_layout()
+            self._lock,
+            lambda: dict(self._arrays),
+            self._rng,
+            layout=self.checkpoint_layout(),
+            gate=self._gate,
+            stored=self._num_frames,
         )
 
     @property

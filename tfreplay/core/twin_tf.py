@@ -173,7 +173,7 @@ class TFBuffer(ComposedBuffer):
         name = name if name[:1].isalpha() or name[:1] == "_" else f"buffer_{name}"
         super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
         object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, batch_size))
-        self._layout_record = checkpoint.LayoutState(self.checkpoint_layout())
+        self._layout_record = checkpoint.LayoutState(self.checkpoint_layout(), self._gate, self._num_frames)
 
     @property
     def device(self) -> str:
