@@ -144,6 +144,22 @@ def test_a_tf_agents_checkpoint_migrates_with_its_items_in_order(tmp_path, num_a
     assert int(ours.num_frames()) == 2 * min(num_adds + 1, 5)
 
 
+@pytest.mark.parametrize("twin", ["tf", "py"])
+def test_a_tf_agents_checkpoint_migrates_into_a_rate_limited_buffer(tmp_path, twin):
+    """The limiter does not hold the loading back (here it would refuse the 4th add at once), and afterwards
+    counts the items as a restore without counts does: the warm-up is over, a sample goes at once."""
+    import tfreplay
+
+    tf_agents_run(tmp_path, 12)
+    limiter = tfreplay.SampleToInsertRatio(1.0, 4, 4.0, insert_timeout=0, sample_timeout=0)
+    cls = tfreplay.TFUniformReplayBuffer if twin == "tf" else tfreplay.PyUniformReplayBuffer
+    ours = cls(SPEC, batch_size=2, max_length=5, rate_limiter=limiter)
+    assert restore_tf_agents_checkpoint(ours, str(tmp_path)) == 10
+    info = limiter.info()
+    assert (info.size, info.inserts, info.samples) == (10, 4, 0)
+    ours.get_next(sample_batch_size=4)
+
+
 def test_a_tf_agents_checkpoint_of_another_layout_is_refused_and_changes_nothing(tmp_path):
     tf_agents_run(tmp_path, 7)
     ours = tf_uniform_replay_buffer.TFUniformReplayBuffer(SPEC, 5, 2)

@@ -10,8 +10,9 @@ tick per element.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -169,6 +170,17 @@ class Gate:
             self.limiter._restore_later(lambda: int(stored()))
         else:
             self.limiter._restore(counts, int(stored()) if counts is None else 0)
+
+    @contextlib.contextmanager
+    def loading(self, stored: Callable[[], Any]) -> Iterator[None]:
+        """Eager adds inside pass without the limiter (a migration refilling the buffer, which no learner reads
+        yet); after them the limiter's counts follow the rule for a checkpoint without counts."""
+        limiter, self.limiter = self.limiter, None
+        try:
+            yield
+        finally:
+            self.limiter = limiter
+            self.restored(None, stored)
 
     def _refuse_xla(self, where: str) -> None:
         if under_xla():

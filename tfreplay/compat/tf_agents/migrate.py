@@ -73,7 +73,9 @@ def restore_tf_agents_checkpoint(buffer: Any, path: str, key: str | None = None)
         `Checkpointer(..., replay_buffer=rb)`); found when there is one.
 
     Returns:
-      How many items were loaded. Their ids restart at 0 in tfreplay.
+      How many items were loaded. Their ids restart at 0 in tfreplay. A
+      buffer's rate limiter does not hold the loading back; its counts then
+      follow the rule for a checkpoint without counts (`core/rate_limiter.py`).
 
     Raises:
       ValueError: no TF-Agents buffer at `path`, or one whose spec, capacity or
@@ -108,8 +110,9 @@ def restore_tf_agents_checkpoint(buffer: Any, path: str, key: str | None = None)
     rows = np.arange(segments)[:, None] * length + slots[None, :]  # [batch_size, live]
     steps = [leaf[rows] for leaf in leaves]  # each [batch_size, live, ...]
     buffer.clear()
-    for t in range(live):
-        buffer.add_batch(tf.nest.pack_sequence_as(buffer._data_spec, [x[:, t] for x in steps]))
+    with buffer._gate.loading(buffer._num_frames):  # a rate limiter counts the loaded items as a restore does
+        for t in range(live):
+            buffer.add_batch(tf.nest.pack_sequence_as(buffer._data_spec, [x[:, t] for x in steps]))
     return live * segments
 
 
