@@ -14,13 +14,18 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
 from tfreplay.core.gate import Gate
+from tfreplay.core.native_windows import WindowPlanner
 from tfreplay.core.ops import NUMPY_OPS
+from tfreplay.core.samplers import View
 from tfreplay.core.specs import Nest
 from tfreplay.core.twin_tf import resolve_seed
+
+_UNSET = object()
 
 
 def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) -> tuple[Any, Any]:
@@ -83,6 +88,7 @@ class PyBuffer(ComposedBuffer):
         seed = resolve_seed(seed)
         object.__setattr__(self, "_rng", np.random.default_rng(seed))
         object.__setattr__(self, "_arrays", {})
+        object.__setattr__(self, "_planner", _UNSET)  # the compiled padded-window plan: looked up on first use
         super().__init__(data_spec, segments, length, storage, sampler, episode_rule, name=name, **options)
         self._lockstep = batch_size is not None
         insert_size = segments if self._lockstep else 1
@@ -179,6 +185,27 @@ class PyBuffer(ComposedBuffer):
         )
         items, ids, probs = self._numpy_call(sample, [], out_specs)
         return items, BufferInfo(ids=ids, probabilities=probs)
+
+    def _transform_plan(self, view: View, size: int, transform: Any) -> tuple[Any, Any, Any, Any]:
+        """Padded windows planned in compiled code where the kernel is built (`core/native_windows.py`),
+        else in array ops (`SamplePath._transform_plan`): the same plan either way."""
+        planner = self._window_planner() if view.padded else None
+        if planner is None:
+            return super()._transform_plan(view, size, transform)
+        n = int(transform.num_steps)
+        (rows, mask, *at), segment, t, ids, probs, count = planner.sample(view, size, n)
+        plan = self._storage.plan(segment, t, rows, n, self._pos_at if self._rule is not None else None, self._ops)
+        return ((plan, mask, *at) if self._steps_of(transform) else (plan, mask)), ids, probs, count
+
+    def _window_planner(self) -> WindowPlanner | None:
+        """The compiled padded-window plan of this buffer, or None without the kernel (looked up once)."""
+        if self._planner is _UNSET:
+            library = native.windows_library()
+            pos = self._pos if self._rule is not None else None
+            layout = (self._max_length, self._num_segments)
+            planner = None if library is None else WindowPlanner(library, *layout, pos, self._sampler)
+            object.__setattr__(self, "_planner", planner)
+        return self._planner
 
     def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""

@@ -1,0 +1,82 @@
+"""The NumPy twin's compiled plan of padded windows (`kernels/windows.cc`, through ctypes).
+
+A transform's padded windows (`NStepReturns`, `Sequences(pad=True)`) take
+about 40 small array calls to plan (`SamplePath._transform_plan`): the young
+rule and segment pick of a uniform draw, the window rows, the mask, each
+window's last step and its row. In NumPy each call costs a few microseconds,
+so the NumPy twin makes the same plan in two compiled calls where the kernel
+is built (`tfreplay.native.windows_library`): one counts the starts to draw
+from, NumPy draws the same random numbers as the array-op path, and the other
+locates them and plans the windows. Other samplers draw as usual and only the
+plan is compiled. Both paths give the same samples for the same seed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from tfreplay.core.samplers import View
+from tfreplay.core.samplers.uniform import UniformSampler
+
+_BYTES: Any = ctypes.c_char.from_buffer  # takes any writable buffer (an ndarray is one)
+
+
+def _address(array: np.ndarray) -> int:
+    """The address of a contiguous array's data (a third of the cost of `array.ctypes.data`)."""
+    try:
+        return ctypes.addressof(_BYTES(array))
+    except (TypeError, ValueError):  # read-only or empty
+        return array.__array_interface__["data"][0]
+
+
+class WindowPlanner:
+    """Plans padded windows of one NumPy buffer in compiled code.
+
+    Args:
+      library: `tfreplay.native.windows_library()`.
+      max_length, num_segments: the buffer's layout.
+      pos: the episode index's per-row `pos` (int32, never replaced: a restore copies into it), or None.
+      sampler: the buffer's sampler; a `UniformSampler`'s padded draw over rows is compiled too.
+    """
+
+    def __init__(self, library: Any, max_length: int, num_segments: int, pos: np.ndarray | None, sampler: Any):
+        self._counts, self._plan = library.tfreplay_padded_counts, library.tfreplay_window_plan
+        self._layout = (max_length, num_segments)
+        self._pos = None if pos is None else _address(pos)
+        self._uniform = type(sampler) is UniformSampler
+        self._sampler = sampler
+
+    def sample(self, view: View, size: int, n: int) -> tuple[tuple, Any, Any, Any, Any, Any]:
+        """`((step rows, mask, last, first rows, last rows), segment, t, ids, probabilities, count)` of `size`
+        padded windows of `n` items, drawn as `view`'s sampler draws them. The rows and mask are `[size, n]`
+        laid out time-major (`[n, size]` in memory), as the array-op path lays them out."""
+        length, segments = self._layout
+        # The int64 outputs and scratch in one block (an allocation costs more than the kernel's work on it):
+        # segment, t, ids, last, last rows, then the rows `[n, size]`, then per segment `start` and `counts`.
+        block = np.empty((5 + n) * size + 2 * segments, np.int64)
+        address, mask = _address(block), np.empty([n, size], np.bool_)
+        rows_at, start_at = address + 8 * 5 * size, address + 8 * (5 + n) * size
+        segment, t, ids, last, last_rows = block[: 5 * size].reshape(5, size)
+        num_adds = np.ascontiguousarray(view.num_adds, np.int64)
+        window = view.window
+        located: list[int | None] = [None, None, None]  # with draws: where they are, counts, start
+        if self._uniform and window is not None and window.lead == 0 and window.history == 0:
+            # The uniform padded draw over rows: every live item less each segment's young ones starts a window.
+            newest = np.ascontiguousarray(view.newest, np.int32)
+            counts_at = start_at + 8 * segments
+            count = self._counts(_address(num_adds), segments, length, n, _address(newest), start_at, counts_at)
+            draws = np.ascontiguousarray(view.draw([size], count), np.int64)  # the array-op path's random numbers
+            probs, count = view.ops.probability([size], count), np.int64(count)
+            located = [_address(draws), counts_at, start_at]
+        else:  # the sampler draws the starts
+            drawn_segment, drawn_t, probs, count = self._sampler.sample(view, size, n)
+            segment[:], t[:] = drawn_segment, drawn_t
+        pos = self._pos if view.pos_at is not None else None
+        at = [address + 8 * size * i for i in range(5)]  # segment, t, ids, last, last rows
+        shape = (size, n, length, segments)
+        self._plan(*located, *at[:2], *shape, _address(num_adds), pos, rows_at, at[2], _address(mask), *at[3:])
+        rows = block[5 * size : (5 + n) * size].reshape(n, size)
+        return (rows.T, mask.T, last, rows[0], last_rows), segment, t, ids, probs, count
