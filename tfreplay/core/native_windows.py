@@ -14,10 +14,11 @@ plan is compiled. Both paths give the same samples for the same seed.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.samplers import View
 from tfreplay.core.samplers.uniform import UniformSampler
 
@@ -37,22 +38,36 @@ class WindowPlanner:
 
     Args:
       library: `tfreplay.native.windows_library()`.
-      max_length, num_segments: the buffer's layout.
-      pos: the episode index's per-row `pos` (int32, never replaced: a restore copies into it), or None.
-      sampler: the buffer's sampler; a `UniformSampler`'s padded draw over rows is compiled too.
+      num_adds: the ring's counters (`[num_segments]` int64); this and the index's arrays are read in place
+        (under the buffer's lock) and never replaced (a restore copies into them).
+      max_length: rows per segment.
+      index: the episode index's `(pos, newest)` (see `core/episodes.py`), or None without one.
+      sampler: the buffer's sampler; a `UniformSampler`'s padded draw over rows (`rows`: the storage
+        shows no lead or history) is compiled too, with random numbers from `draw` (the twin's `_draw`).
     """
 
-    def __init__(self, library: Any, max_length: int, num_segments: int, pos: np.ndarray | None, sampler: Any):
+    def __init__(
+        self,
+        library: Any,
+        num_adds: np.ndarray,
+        max_length: int,
+        index: tuple | None,
+        sampler: Any,
+        rows: bool,
+        draw: Callable[[list, Any], Any],
+    ):
         self._counts, self._plan = library.tfreplay_padded_counts, library.tfreplay_window_plan
-        self._layout = (max_length, num_segments)
-        self._pos = None if pos is None else _address(pos)
-        self._uniform = type(sampler) is UniformSampler
-        self._sampler = sampler
+        self._layout = (max_length, int(num_adds.shape[0]))
+        self._num_adds = _address(num_adds)
+        self._pos: int | None = None if index is None else _address(index[0])
+        self._newest: int | None = None if index is None else _address(index[1])
+        self._draws = type(sampler) is UniformSampler and index is not None and rows
+        self._sampler, self._draw = sampler, draw
 
-    def sample(self, view: View, size: int, n: int) -> tuple[tuple, Any, Any, Any, Any, Any]:
+    def sample(self, size: int, n: int, view: Callable[[], View]) -> tuple[tuple, Any, Any, Any, Any, Any]:
         """`((step rows, mask, last, first rows, last rows), segment, t, ids, probabilities, count)` of `size`
-        padded windows of `n` items, drawn as `view`'s sampler draws them. The rows and mask are `[size, n]`
-        laid out time-major (`[n, size]` in memory), as the array-op path lays them out."""
+        padded windows of `n` items, drawn as the sampler draws them (`view()`: what it draws from). The rows
+        and mask are `[size, n]` laid out time-major (`[n, size]` in memory), as the array-op path lays them out."""
         length, segments = self._layout
         # The int64 outputs and scratch in one block (an allocation costs more than the kernel's work on it):
         # segment, t, ids, last, last rows, then the rows `[n, size]`, then per segment `start` and `counts`.
@@ -60,23 +75,18 @@ class WindowPlanner:
         address, mask = _address(block), np.empty([n, size], np.bool_)
         rows_at, start_at = address + 8 * 5 * size, address + 8 * (5 + n) * size
         segment, t, ids, last, last_rows = block[: 5 * size].reshape(5, size)
-        num_adds = np.ascontiguousarray(view.num_adds, np.int64)
-        window = view.window
         located: list[int | None] = [None, None, None]  # with draws: where they are, counts, start
-        if self._uniform and window is not None and window.lead == 0 and window.history == 0:
-            # The uniform padded draw over rows: every live item less each segment's young ones starts a window.
-            newest = np.ascontiguousarray(view.newest, np.int32)
+        if self._draws:  # uniform over every live item but each segment's young ones (`episodes.young_starts`)
             counts_at = start_at + 8 * segments
-            count = self._counts(_address(num_adds), segments, length, n, _address(newest), start_at, counts_at)
-            draws = np.ascontiguousarray(view.draw([size], count), np.int64)  # the array-op path's random numbers
-            probs, count = view.ops.probability([size], count), np.int64(count)
+            count = self._counts(self._num_adds, segments, length, n, self._newest, start_at, counts_at)
+            draws = np.ascontiguousarray(self._draw([size], count), np.int64)  # the array-op path's random numbers
+            probs, count = NUMPY_OPS.probability([size], count), np.int64(count)
             located = [_address(draws), counts_at, start_at]
         else:  # the sampler draws the starts
-            drawn_segment, drawn_t, probs, count = self._sampler.sample(view, size, n)
+            drawn_segment, drawn_t, probs, count = self._sampler.sample(view(), size, n)
             segment[:], t[:] = drawn_segment, drawn_t
-        pos = self._pos if view.pos_at is not None else None
         at = [address + 8 * size * i for i in range(5)]  # segment, t, ids, last, last rows
         shape = (size, n, length, segments)
-        self._plan(*located, *at[:2], *shape, _address(num_adds), pos, rows_at, at[2], _address(mask), *at[3:])
+        self._plan(*located, *at[:2], *shape, self._num_adds, self._pos, rows_at, at[2], _address(mask), *at[3:])
         rows = block[5 * size : (5 + n) * size].reshape(n, size)
         return (rows.T, mask.T, last, rows[0], last_rows), segment, t, ids, probs, count

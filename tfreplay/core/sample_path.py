@@ -33,29 +33,22 @@ class SamplePath(ReplayBuffer):
     def _sample_plan(
         self, size: int, num_steps: int | None, transform: Any = None, view: View | None = None
     ) -> tuple[Any, Any, Any, Any]:
-        """Under the lock: `(read plan, ids, probabilities, count)` of `size` windows (with a transform: its own,
-        see `_transform_plan`). `view`: the state to draw from (default: read now)."""
-        view = self._view(transform) if view is None else view
-        if transform is not None:
-            return self._transform_plan(view, size, transform)
-        ops, layout = self._ops, (self._max_length, self._num_segments)
-        segment, t, probs, count = self._sampler.sample(view, size, num_steps)
-        step_rows, ids = ring.window_rows(segment, t, num_steps, *layout, ops)
-        pos_at = self._pos_at if self._rule is not None else None
-        return self._storage.plan(segment, t, step_rows, num_steps, pos_at, ops), ids, probs, count
+        """Under the lock: `(read plan, ids, probabilities, count)` of `size` windows.
 
-    def _transform_plan(self, view: View, size: int, transform: Any) -> tuple[Any, Any, Any, Any]:
-        """`_sample_plan` of a transform's windows (`num_steps` items, strict or padded) in array ops.
-
-        The plan carries their `[size, num_steps]` mask (and where its fields
-        are read at one step, those steps' rows) and the ids are each
-        window's first item's. The NumPy twin plans padded windows in
-        compiled code where it can (`core/native_windows.py`): same plan.
+        With a transform the windows are its own (`num_steps` items, strict or
+        padded), the plan carries their `[size, num_steps]` mask (and where
+        its fields are read at one step, those steps' rows) and the ids are
+        each window's first item's. `view`: the state to draw from (default: read now).
+        The NumPy twin plans padded windows in compiled code where it can (`core/native_windows.py`).
         """
         ops, layout = self._ops, (self._max_length, self._num_segments)
-        n = int(transform.num_steps)
+        view = self._view(transform) if view is None else view
+        n = num_steps if transform is None else int(transform.num_steps)
         segment, t, probs, count = self._sampler.sample(view, size, n)
         pos_at = self._pos_at if self._rule is not None else None
+        if transform is None:
+            step_rows, ids = ring.window_rows(segment, t, n, *layout, ops)
+            return self._storage.plan(segment, t, step_rows, n, pos_at, ops), ids, probs, count
         local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
         step_rows, ids = ring.rows_of(local, segment[:, None], *layout), ring.local_to_rows(t, segment, *layout)[1]
         plan = self._storage.plan(segment, t, step_rows, n, pos_at, ops)

@@ -18,6 +18,7 @@ from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
+from tfreplay.core.episodes import Shape
 from tfreplay.core.gate import Gate
 from tfreplay.core.native_windows import WindowPlanner
 from tfreplay.core.ops import NUMPY_OPS
@@ -186,14 +187,17 @@ class PyBuffer(ComposedBuffer):
         items, ids, probs = self._numpy_call(sample, [], out_specs)
         return items, BufferInfo(ids=ids, probabilities=probs)
 
-    def _transform_plan(self, view: View, size: int, transform: Any) -> tuple[Any, Any, Any, Any]:
+    def _sample_plan(
+        self, size: int, num_steps: int | None, transform: Any = None, view: View | None = None
+    ) -> tuple[Any, Any, Any, Any]:
         """Padded windows planned in compiled code where the kernel is built (`core/native_windows.py`),
-        else in array ops (`SamplePath._transform_plan`): the same plan either way."""
-        planner = self._window_planner() if view.padded else None
+        else in array ops (`SamplePath._sample_plan`): the same plan either way."""
+        padded = transform is not None and transform.padded and view is None
+        planner = self._window_planner() if padded else None
         if planner is None:
-            return super()._transform_plan(view, size, transform)
+            return super()._sample_plan(size, num_steps, transform, view)
         n = int(transform.num_steps)
-        (rows, mask, *at), segment, t, ids, probs, count = planner.sample(view, size, n)
+        (rows, mask, *at), segment, t, ids, probs, count = planner.sample(size, n, lambda: self._view(transform))
         plan = self._storage.plan(segment, t, rows, n, self._pos_at if self._rule is not None else None, self._ops)
         return ((plan, mask, *at) if self._steps_of(transform) else (plan, mask)), ids, probs, count
 
@@ -201,9 +205,13 @@ class PyBuffer(ComposedBuffer):
         """The compiled padded-window plan of this buffer, or None without the kernel (looked up once)."""
         if self._planner is _UNSET:
             library = native.windows_library()
-            pos = self._pos if self._rule is not None else None
-            layout = (self._max_length, self._num_segments)
-            planner = None if library is None else WindowPlanner(library, *layout, pos, self._sampler)
+            index = (self._pos, self._newest) if self._rule is not None else None
+            rows = self._storage.window == Shape()  # no lead, no history
+            planner = None
+            if library is not None:
+                planner = WindowPlanner(
+                    library, self._num_adds, self._max_length, index, self._sampler, rows, self._draw
+                )
             object.__setattr__(self, "_planner", planner)
         return self._planner
 
