@@ -244,6 +244,7 @@ def test_an_empty_buffer_is_refused_on_both_paths(monkeypatch, counting):
 
 def test_the_window_kernel_falls_back_when_it_cannot_be_built(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
+    monkeypatch.delenv("TFREPLAY_NATIVE", raising=False)  # this test sets it itself
     monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
     assert native.build("windows.cc", [], "the window-plan library", "using NumPy ops instead") is None
     assert "building the window-plan library failed; using NumPy ops instead" in caplog.text

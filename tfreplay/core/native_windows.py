@@ -43,7 +43,7 @@ class WindowPlanner:
       max_length: rows per segment.
       index: the episode index's `(pos, newest)` (see `core/episodes.py`), or None without one.
       sampler: the buffer's sampler; a `UniformSampler`'s padded draw over rows (`rows`: the storage
-        shows no lead or history) is compiled too, with random numbers from `draw` (the twin's `_draw`).
+        shows no lead or history) is compiled too.
     """
 
     def __init__(
@@ -54,7 +54,6 @@ class WindowPlanner:
         index: tuple | None,
         sampler: Any,
         rows: bool,
-        draw: Callable[[list, Any], Any],
     ):
         self._counts, self._plan = library.tfreplay_padded_counts, library.tfreplay_window_plan
         self._layout = (max_length, int(num_adds.shape[0]))
@@ -62,12 +61,15 @@ class WindowPlanner:
         self._pos: int | None = None if index is None else _address(index[0])
         self._newest: int | None = None if index is None else _address(index[1])
         self._draws = type(sampler) is UniformSampler and index is not None and rows
-        self._sampler, self._draw = sampler, draw
+        self._sampler = sampler
 
-    def sample(self, size: int, n: int, view: Callable[[], View]) -> tuple[tuple, Any, Any, Any, Any, Any]:
+    def sample(
+        self, size: int, n: int, draw: Callable[[list, Any], Any], view: Callable[[], View]
+    ) -> tuple[tuple, Any, Any, Any, Any, Any]:
         """`((step rows, mask, last, first rows, last rows), segment, t, ids, probabilities, count)` of `size`
-        padded windows of `n` items, drawn as the sampler draws them (`view()`: what it draws from). The rows
-        and mask are `[size, n]` laid out time-major (`[n, size]` in memory), as the array-op path lays them out."""
+        padded windows of `n` items, drawn as the sampler draws them: `draw` is the twin's random draw (`_draw`),
+        `view()` what the sampler draws from. The rows and mask are `[size, n]`, laid out time-major (`[n, size]`
+        in memory) as the array-op path lays them out."""
         length, segments = self._layout
         # The int64 outputs and scratch in one block (an allocation costs more than the kernel's work on it):
         # segment, t, ids, last, last rows, then the rows `[n, size]`, then per segment `start` and `counts`.
@@ -79,7 +81,7 @@ class WindowPlanner:
         if self._draws:  # uniform over every live item but each segment's young ones (`episodes.young_starts`)
             counts_at = start_at + 8 * segments
             count = self._counts(self._num_adds, segments, length, n, self._newest, start_at, counts_at)
-            draws = np.ascontiguousarray(self._draw([size], count), np.int64)  # the array-op path's random numbers
+            draws = np.ascontiguousarray(draw([size], count), np.int64)  # the array-op path's random numbers
             probs, count = NUMPY_OPS.probability([size], count), np.int64(count)
             located = [_address(draws), counts_at, start_at]
         else:  # the sampler draws the starts

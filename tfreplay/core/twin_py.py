@@ -197,7 +197,8 @@ class PyBuffer(ComposedBuffer):
         if planner is None:
             return super()._sample_plan(size, num_steps, transform, view)
         n = int(transform.num_steps)
-        (rows, mask, *at), segment, t, ids, probs, count = planner.sample(size, n, lambda: self._view(transform))
+        planned = planner.sample(size, n, self._draw, lambda: self._view(transform))
+        (rows, mask, *at), segment, t, ids, probs, count = planned
         plan = self._storage.plan(segment, t, rows, n, self._pos_at if self._rule is not None else None, self._ops)
         return ((plan, mask, *at) if self._steps_of(transform) else (plan, mask)), ids, probs, count
 
@@ -209,9 +210,7 @@ class PyBuffer(ComposedBuffer):
             rows = self._storage.window == Shape()  # no lead, no history
             planner = None
             if library is not None:
-                planner = WindowPlanner(
-                    library, self._num_adds, self._max_length, index, self._sampler, rows, self._draw
-                )
+                planner = WindowPlanner(library, self._num_adds, self._max_length, index, self._sampler, rows)
             object.__setattr__(self, "_planner", planner)
         return self._planner
 
