@@ -1,9 +1,10 @@
 """The NumPy twin's compiled plan of padded windows (`kernels/windows.cc`, through ctypes).
 
 A transform's padded windows (`NStepReturns`, `Sequences(pad=True)`) take
-about 40 small array calls to plan (`SamplePath._transform_plan`): the young
-rule and segment pick of a uniform draw, the window rows, the mask, each
-window's last step and its row. In NumPy each call costs a few microseconds,
+about 40 small array calls to plan (`SamplePath._sample_plan`, with
+`UniformSampler.sample` and `episodes`): the young rule and segment pick of
+a uniform draw, the window rows, the mask, each window's last step and its
+row. In NumPy each call costs a few microseconds,
 so the NumPy twin makes the same plan in two compiled calls where the kernel
 is built (`tfreplay.native.windows_library`): one counts the starts to draw
 from, NumPy draws the same random numbers as the array-op path, and the other

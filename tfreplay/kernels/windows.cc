@@ -1,6 +1,7 @@
 // The NumPy twin's window plan for transforms (n-step returns, sequences), with a plain C ABI for ctypes; no TF
-// dependency. tfreplay/core/sample_path.py computes the same with array ops (the fallback and the TF twin), and
-// tfreplay/core/native_windows.py calls these: both paths give the same samples from the same draws.
+// dependency. core/sample_path.py (with samplers/uniform.py and episodes.py) computes the same with array ops
+// (the fallback, and the TF twin); core/native_windows.py calls these. Both give the same samples from the same
+// random draws.
 //
 // Layout (core/ring.py): segment s's local id i lives in row (i mod max_length) * num_segments + s. A `[B, n]`
 // plan is written time-major, `[n, B]` in memory, as the NumPy path lays it out.
