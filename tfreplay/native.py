@@ -9,6 +9,9 @@
   update in one op each); `sum_tree_library()`: the same loops as plain C
   functions, for NumPy through ctypes. Prioritized replay spends its time in these two loops
   (`core/samplers/sum_tree.py`).
+* `windows_library()`: the NumPy twin's plan of padded windows (n-step
+  returns, padded sequences) in one or two plain C calls
+  (`core/native_windows.py`), where array ops take about 40 small calls.
 
 A TF kernel is built against the installed TensorFlow's headers, once per
 TensorFlow version; the plain library needs no TensorFlow. Both go into
@@ -59,6 +62,11 @@ def sum_tree_library() -> Any:
     return _once("sum_tree", _sum_tree_library)
 
 
+def windows_library() -> Any:
+    """The NumPy twin's padded-window plan (ctypes, `kernels/windows.cc`; see `core/native_windows.py`), or None."""
+    return _once("windows", _windows_library)
+
+
 def _once(name: str, load: Callable[[], Any]) -> Any:
     """Loads a kernel once per process (a None is remembered too)."""
     with _lock:
@@ -86,8 +94,40 @@ def _op_library(source: str, what: str, fallback: str) -> Any:
 
 
 def _sum_tree_library() -> Any:
-    what, fallback = "the sum-tree library", "using NumPy ops instead"
-    library = build("sum_tree.cc", [], what, fallback)
+    a, n, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_bool  # address, size
+    return _c_library(
+        "sum_tree.cc",
+        "the sum-tree library",
+        {
+            "tfreplay_sum_tree_descend": (None, [a, n, a, n, a, a]),
+            "tfreplay_sum_tree_set": (None, [a, n, a, a, n]),
+            "tfreplay_ring_draw": (flag, [a, n, a, n, n, n, a, n, flag, a, a, a, a]),  # every draw starts a window
+            "tfreplay_ring_update": (n, [a, n, a, n, n, a, a, a, n, a]),  # stale ids, or -1 for a bad priority
+            "tfreplay_ring_sample": (n, [a, n, a, n, n, a, n, a, a, a, a, a]),  # bit 0: all start one; bit 1: count
+        },
+    )
+
+
+def _windows_library() -> Any:
+    a, n = ctypes.c_void_p, ctypes.c_int64
+    return _c_library(
+        "windows.cc",
+        "the window-plan library",
+        {
+            "tfreplay_padded_counts": (n, [a, n, n, n, a, a, a]),  # how many starts to draw from
+            "tfreplay_window_plan": (None, [a, a, a, a, a, n, n, n, n, a, a, a, a, a, a, a]),
+        },
+    )
+
+
+def _c_library(source: str, what: str, signatures: dict[str, tuple[Any, list[Any]]]) -> Any:
+    """`kernels/<source>` built (if needed) and loaded with ctypes, its functions typed, or None.
+
+    Arrays go as raw addresses (`c_void_p`): callers pass contiguous arrays of the right dtype.
+    `signatures`: per function, `(return type or None, argument types)`.
+    """
+    fallback = "using NumPy ops instead"
+    library = build(source, [], what, fallback)
     if library is None:
         return None
     try:
@@ -95,21 +135,9 @@ def _sum_tree_library() -> Any:
     except OSError as err:
         _log.warning("tfreplay: loading %s failed; %s.\n%s", what, fallback, err)
         return None
-    # Arrays go as raw addresses (`array.ctypes.data`): callers pass contiguous arrays of the right dtype.
-    a, n, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_bool  # address, size
-    signatures: dict[str, list[Any]] = {
-        "tfreplay_sum_tree_descend": [a, n, a, n, a, a],
-        "tfreplay_sum_tree_set": [a, n, a, a, n],
-        "tfreplay_ring_draw": [a, n, a, n, n, n, a, n, flag, a, a, a, a],
-        "tfreplay_ring_update": [a, n, a, n, n, a, a, a, n, a],
-        "tfreplay_ring_sample": [a, n, a, n, n, a, n, a, a, a, a, a],
-    }
-    for name, argtypes in signatures.items():
+    for name, (restype, argtypes) in signatures.items():
         getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
-    lib.tfreplay_ring_draw.restype = ctypes.c_bool  # whether a window starts at every draw
-    lib.tfreplay_ring_update.restype = ctypes.c_int64  # stale ids, or -1 for a bad priority
-    lib.tfreplay_ring_sample.restype = ctypes.c_int64  # bit 0: every draw starts a window; bit 1: count > 0
+        getattr(lib, name).restype = restype
     return lib
 
 

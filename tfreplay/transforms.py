@@ -87,10 +87,10 @@ class Transform(abc.ABC):
 
 
 # Operations the core's `ops` namespaces do not need, for NumPy arrays and tensors.
-_NP = types.SimpleNamespace(
-    count1=lambda mask: mask.sum(1),
-    sum1=lambda x: x.sum(1),
-    prod1=lambda x: x.prod(1),
+_NP = types.SimpleNamespace(  # ufunc reductions: the `sum` and `prod` methods cost a microsecond more per call
+    count1=lambda mask: np.add.reduce(mask, 1, np.int64),
+    sum1=lambda x: np.add.reduce(x, 1),
+    prod1=lambda x: np.multiply.reduce(x, 1),
     pick=lambda x, i: x[np.arange(len(i)), i],
     cast=lambda x, dtype: np.asarray(x, dtype),
     dtype=lambda x: x.dtype,

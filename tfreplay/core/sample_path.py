@@ -39,6 +39,7 @@ class SamplePath(ReplayBuffer):
         padded), the plan carries their `[size, num_steps]` mask (and where
         its fields are read at one step, those steps' rows) and the ids are
         each window's first item's. `view`: the state to draw from (default: read now).
+        The NumPy twin plans padded windows in compiled code where it can (`core/native_windows.py`).
         """
         ops, layout = self._ops, (self._max_length, self._num_segments)
         view = self._view(transform) if view is None else view

@@ -14,14 +14,19 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
+from tfreplay.core.episodes import Shape
 from tfreplay.core.gate import Gate
+from tfreplay.core.native_windows import WindowPlanner
 from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.samplers import View
 from tfreplay.core.specs import Nest
 from tfreplay.core.twin_tf import resolve_seed
+
+_UNSET = object()
 
 
 def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) -> tuple[Any, Any]:
@@ -86,6 +91,7 @@ class PyBuffer(ComposedBuffer):
         object.__setattr__(self, "_arrays", {})
         object.__setattr__(self, "_views", {})
         object.__setattr__(self, "_checks_priorities", None)
+        object.__setattr__(self, "_planner", _UNSET)  # the compiled padded-window plan: looked up on first use
         super().__init__(data_spec, segments, length, storage, sampler, episode_rule, name=name, **options)
         self._lockstep = batch_size is not None
         insert_size = segments if self._lockstep else 1
@@ -196,6 +202,33 @@ class PyBuffer(ComposedBuffer):
         )
         items, ids, probs = self._numpy_call(sample, [], out_specs)
         return items, BufferInfo(ids=ids, probabilities=probs)
+
+    def _sample_plan(
+        self, size: int, num_steps: int | None, transform: Any = None, view: View | None = None
+    ) -> tuple[Any, Any, Any, Any]:
+        """Padded windows planned in compiled code where the kernel is built (`core/native_windows.py`),
+        else in array ops (`SamplePath._sample_plan`): the same plan either way."""
+        padded = transform is not None and transform.padded and view is None
+        planner = self._window_planner() if padded else None
+        if planner is None:
+            return super()._sample_plan(size, num_steps, transform, view)
+        n = int(transform.num_steps)
+        planned = planner.sample(size, n, self._draw, lambda: self._view(transform))
+        (rows, mask, *at), segment, t, ids, probs, count = planned
+        plan = self._storage.plan(segment, t, rows, n, self._pos_at if self._rule is not None else None, self._ops)
+        return ((plan, mask, *at) if self._steps_of(transform) else (plan, mask)), ids, probs, count
+
+    def _window_planner(self) -> WindowPlanner | None:
+        """The compiled padded-window plan of this buffer, or None without the kernel (looked up once)."""
+        if self._planner is _UNSET:
+            library = native.windows_library()
+            index = (self._pos, self._newest) if self._rule is not None else None
+            rows = self._storage.window == Shape()  # no lead, no history
+            planner = None
+            if library is not None:
+                planner = WindowPlanner(library, self._num_adds, self._max_length, index, self._sampler, rows)
+            object.__setattr__(self, "_planner", planner)
+        return self._planner
 
     def _numpy_call(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn` as a stateful `tf.numpy_function`, its outputs shaped like `out_specs`."""

@@ -1,0 +1,85 @@
+// The NumPy twin's window plan for transforms (n-step returns, sequences), with a plain C ABI for ctypes; no TF
+// dependency. core/sample_path.py (with samplers/uniform.py and episodes.py) computes the same with array ops
+// (the fallback, and the TF twin); core/native_windows.py calls these. Both give the same samples from the same
+// random draws.
+//
+// Layout (core/ring.py): segment s's local id i lives in row (i mod max_length) * num_segments + s. A `[B, n]`
+// plan is written time-major, `[n, B]` in memory, as the NumPy path lays it out.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+// Python's `%`: the result has the sign of the divisor.
+inline int64_t FloorMod(int64_t a, int64_t b) {
+  const int64_t r = a % b;
+  return r < 0 ? r + b : r;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The uniform padded draw over rows (no lead, no history), up to its random numbers: per segment the first
+// start (`start`) and how many starts follow (`counts`): its live items less `episodes.young_starts`, from the
+// index's `newest` ([num_segments, 2]: pos and ended of each segment's newest item). Returns their sum.
+int64_t tfreplay_padded_counts(const int64_t* num_adds, int64_t num_segments, int64_t max_length, int64_t num_steps,
+                               const int32_t* newest, int64_t* start, int64_t* counts) {
+  int64_t total = 0;
+  for (int64_t s = 0; s < num_segments; ++s) {
+    const int64_t num_live = std::min(num_adds[s], max_length);
+    const int64_t pos = newest[2 * s];
+    const int64_t drawable = pos < num_live ? pos + 1 : num_live;
+    const int64_t young = newest[2 * s + 1] > 0 ? 0 : std::min(std::max<int64_t>(drawable, 0), num_steps - 1);
+    start[s] = num_adds[s] - num_live;
+    counts[s] = std::max<int64_t>(num_live - young, 0);
+    total += counts[s];
+  }
+  return total;
+}
+
+// Windows of `num_steps` items at local ids `t` of `segment` (`size` of them): their rows and, per window, its
+// first item's global id, its mask (item stored, and with `pos` given a step of the first item's episode: `pos`
+// one more per step), its last real step (mask count - 1) and that step's row. With `draws` given, `segment`
+// and `t` are outputs first: each draw in [0, sum(counts)) located among the segments' `counts` from `start`
+// (`ring.locate`: a draw past the total goes to the last segment).
+void tfreplay_window_plan(const int64_t* draws, const int64_t* counts, const int64_t* start, int64_t* segment,
+                          int64_t* t, int64_t size, int64_t num_steps, int64_t max_length, int64_t num_segments,
+                          const int64_t* num_adds, const int32_t* pos, int64_t* rows, int64_t* ids, bool* mask,
+                          int64_t* last, int64_t* last_rows) {
+  if (draws != nullptr) {
+    std::vector<int64_t> ends(num_segments);
+    int64_t running = 0;
+    for (int64_t s = 0; s < num_segments; ++s) ends[s] = running += counts[s];
+    for (int64_t b = 0; b < size; ++b) {
+      const int64_t past = std::upper_bound(ends.begin(), ends.end(), draws[b]) - ends.begin();
+      const int64_t s = std::min(past, num_segments - 1);
+      segment[b] = s;
+      t[b] = start[s] + draws[b] - (ends[s] - counts[s]);
+    }
+  }
+  for (int64_t b = 0; b < size; ++b) {
+    const int64_t s = segment[b], first = t[b], stored = num_adds[s];
+    const int64_t first_slot = FloorMod(first, max_length);  // a slot: an item's place in its segment
+    const int64_t first_pos = pos != nullptr ? pos[first_slot * num_segments + s] : 0;
+    int64_t real = 0, slot = first_slot;
+    for (int64_t k = 0; k < num_steps; ++k) {
+      const int64_t row = slot * num_segments + s;
+      const bool ok = first + k < stored && (pos == nullptr || int64_t{pos[row]} - first_pos == k);
+      rows[k * size + b] = row;
+      mask[k * size + b] = ok;
+      real += ok ? 1 : 0;
+      slot = slot + 1 == max_length ? 0 : slot + 1;
+    }
+    ids[b] = first * num_segments + s;
+    last[b] = real - 1;
+    // The last real step's slot: first_slot + real - 1 (real - 1 in [-1, num_steps - 1], num_steps <= max_length).
+    int64_t last_slot = first_slot + real - 1;
+    last_slot += last_slot < 0 ? max_length : last_slot >= max_length ? -max_length : 0;
+    last_rows[b] = last_slot * num_segments + s;
+  }
+}
+
+}  // extern "C"
