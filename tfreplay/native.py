@@ -67,6 +67,18 @@ def windows_library() -> Any:
     return _once("windows", _windows_library)
 
 
+def address(array: Any) -> int:
+    """The address of a contiguous NumPy array's data, for a ctypes call (a third of the cost of
+    `array.ctypes.data`)."""
+    try:
+        return ctypes.addressof(_BYTES(array))
+    except (TypeError, ValueError):  # read-only or empty
+        return array.__array_interface__["data"][0]
+
+
+_BYTES: Any = ctypes.c_char.from_buffer  # takes any writable buffer (an ndarray is one)
+
+
 def _once(name: str, load: Callable[[], Any]) -> Any:
     """Loads a kernel once per process (a None is remembered too)."""
     with _lock:

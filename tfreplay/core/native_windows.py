@@ -14,7 +14,6 @@ plan is compiled. Both paths give the same samples for the same seed.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable
 
 import numpy as np
@@ -22,16 +21,7 @@ import numpy as np
 from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.samplers import View
 from tfreplay.core.samplers.uniform import UniformSampler
-
-_BYTES: Any = ctypes.c_char.from_buffer  # takes any writable buffer (an ndarray is one)
-
-
-def _address(array: np.ndarray) -> int:
-    """The address of a contiguous array's data (a third of the cost of `array.ctypes.data`)."""
-    try:
-        return ctypes.addressof(_BYTES(array))
-    except (TypeError, ValueError):  # read-only or empty
-        return array.__array_interface__["data"][0]
+from tfreplay.native import address
 
 
 class WindowPlanner:
@@ -58,9 +48,9 @@ class WindowPlanner:
     ):
         self._counts, self._plan = library.tfreplay_padded_counts, library.tfreplay_window_plan
         self._layout = (max_length, int(num_adds.shape[0]))
-        self._num_adds = _address(num_adds)
-        self._pos: int | None = None if index is None else _address(index[0])
-        self._newest: int | None = None if index is None else _address(index[1])
+        self._num_adds = address(num_adds)
+        self._pos: int | None = None if index is None else address(index[0])
+        self._newest: int | None = None if index is None else address(index[1])
         self._draws = type(sampler) is UniformSampler and index is not None and rows
         self._sampler = sampler
 
@@ -75,8 +65,8 @@ class WindowPlanner:
         # The int64 outputs and scratch in one block (an allocation costs more than the kernel's work on it):
         # segment, t, ids, last, last rows, then the rows `[n, size]`, then per segment `start` and `counts`.
         block = np.empty((5 + n) * size + 2 * segments, np.int64)
-        address, mask = _address(block), np.empty([n, size], np.bool_)
-        rows_at, start_at = address + 8 * 5 * size, address + 8 * (5 + n) * size
+        base, mask = address(block), np.empty([n, size], np.bool_)
+        rows_at, start_at = base + 8 * 5 * size, base + 8 * (5 + n) * size
         segment, t, ids, last, last_rows = block[: 5 * size].reshape(5, size)
         located: list[int | None] = [None, None, None]  # with draws: where they are, counts, start
         if self._draws:  # uniform over every live item but each segment's young ones (`episodes.young_starts`)
@@ -84,12 +74,12 @@ class WindowPlanner:
             count = self._counts(self._num_adds, segments, length, n, self._newest, start_at, counts_at)
             draws = np.ascontiguousarray(draw([size], count), np.int64)  # the array-op path's random numbers
             probs, count = NUMPY_OPS.probability([size], count), np.int64(count)
-            located = [_address(draws), counts_at, start_at]
+            located = [address(draws), counts_at, start_at]
         else:  # the sampler draws the starts
             drawn_segment, drawn_t, probs, count = self._sampler.sample(view(), size, n)
             segment[:], t[:] = drawn_segment, drawn_t
-        at = [address + 8 * size * i for i in range(5)]  # segment, t, ids, last, last rows
+        at = [base + 8 * size * i for i in range(5)]  # segment, t, ids, last, last rows
         shape = (size, n, length, segments)
-        self._plan(*located, *at[:2], *shape, self._num_adds, self._pos, rows_at, at[2], _address(mask), *at[3:])
+        self._plan(*located, *at[:2], *shape, self._num_adds, self._pos, rows_at, at[2], address(mask), *at[3:])
         rows = block[5 * size : (5 + n) * size].reshape(n, size)
         return (rows.T, mask.T, last, rows[0], last_rows), segment, t, ids, probs, count

@@ -6,8 +6,8 @@ arrays that the TF twin runs on tensors, in graphs and under XLA. Stateful
 operations (`scatter`, `assign`, `bin_add`) act on a NumPy array in place or
 on a `tf.Variable`, returning the update op; `after(updates, fn)` orders what
 follows after them (a no-op for NumPy). `rare(common, then, otherwise)` is a
-`cond` whose `otherwise` is rarely taken (a fallback): in a graph it costs
-next to nothing while not taken.
+`cond` whose `otherwise` is rarely taken (a fallback): in a graph it stays
+one functional `If`, whose cost does not grow with the fallback's ops.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ order, so they build bit-identical trees and draw the same rows.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable
 
 import numpy as np
@@ -28,6 +27,7 @@ import tensorflow as tf
 from tfreplay import native
 from tfreplay.core import stacks
 from tfreplay.core.ops import under_xla
+from tfreplay.native import address
 
 FANOUT = 8
 # The layout, in a prioritized buffer's checkpoint record: a checkpoint of another layout (the binary tree of
@@ -57,7 +57,7 @@ class SumTree:
         self.use_native = use_native
         # The NumPy array is never replaced (a restore copies into it): its address is taken once, and so is the
         # library (looked up on first use: a lookup takes a lock).
-        self._address = _address(self.array) if isinstance(self.array, np.ndarray) else 0
+        self._address = address(self.array) if isinstance(self.array, np.ndarray) else 0
         self._library: Any = _UNSET
         self._held: dict[str, tuple] = {}  # role -> (an array the buffer keeps, its address): see `_held_address`
 
@@ -94,7 +94,7 @@ class SumTree:
             return self._set_ops(ops, rows, values)
         if isinstance(self.array, np.ndarray):
             rows, values = _c(rows, np.int64), _c(values, np.float64)
-            kernel.tfreplay_sum_tree_set(self._address, self.leaves, _address(rows), _address(values), rows.size)
+            kernel.tfreplay_sum_tree_set(self._address, self.leaves, address(rows), address(values), rows.size)
             return []
         return [kernel.tfreplay_sum_tree_set(self.array.handle, tf.reshape(rows, [-1]), tf.reshape(values, [-1]))]
 
@@ -131,7 +131,7 @@ class SumTree:
             targets = _c(targets, np.float64)
             rows, mass = np.empty(targets.shape, np.int64), np.empty(targets.shape, np.float64)
             kernel.tfreplay_sum_tree_descend(
-                self._address, self.leaves, _address(targets), targets.size, _address(rows), _address(mass)
+                self._address, self.leaves, address(targets), targets.size, address(rows), address(mass)
             )
             return rows, mass
         return kernel.tfreplay_sum_tree_descend(self.array.handle, targets)
@@ -177,7 +177,7 @@ class SumTree:
         adds, uniform = _c(num_adds, np.int64), _c(uniform, np.float64)
         size = uniform.size
         out = np.empty([4, size], np.int64)  # segment, t, leaf (float64), ok (bool): one allocation, one address
-        at = _address(out)
+        at = address(out)
         all_ok = kernel.tfreplay_ring_draw(
             self._address,
             self.leaves,
@@ -185,7 +185,7 @@ class SumTree:
             adds.size,
             max_length,
             n,
-            _address(uniform),
+            address(uniform),
             size,
             stratified,
             at,
@@ -207,14 +207,14 @@ class SumTree:
         adds, uniform = _c(num_adds, np.int64), _c(uniform, np.float64)
         size = uniform.size
         out = np.empty([5, size], np.int64)  # segment, t, leaf (float64), ok (bool), probabilities (float32)
-        at = _address(out)
+        at = address(out)
         code = kernel.tfreplay_ring_sample(
             self._address,
             self.leaves,
             self._held_address("num_adds", adds),
             adds.size,
             max_length,
-            _address(uniform),
+            address(uniform),
             size,
             at,
             at + 8 * size,
@@ -254,9 +254,9 @@ class SumTree:
             self._held_address("num_adds", adds),
             adds.size,
             max_length,
-            _address(ids),
-            _address(values),
-            _address(priorities),
+            address(ids),
+            address(values),
+            address(priorities),
             ids.size,
             self._held_address("max_priority", max_priority),
         )
@@ -271,19 +271,8 @@ class SumTree:
         the sampler's largest priority are kept and assigned in place (a restore copies into them too)."""
         held = self._held.get(role)
         if held is None or held[0] is not array:
-            held = self._held[role] = (array, _address(array))
+            held = self._held[role] = (array, address(array))
         return held[1]
-
-
-def _address(array: np.ndarray) -> int:
-    """The address of a contiguous array's data (a third of the cost of `array.ctypes.data`)."""
-    try:
-        return ctypes.addressof(_BYTES(array))
-    except (TypeError, ValueError):  # read-only or empty
-        return array.__array_interface__["data"][0]
-
-
-_BYTES: Any = ctypes.c_char.from_buffer  # takes any writable buffer (an ndarray is one)
 
 
 def _c(array: Any, dtype: Any) -> np.ndarray:
