@@ -641,3 +641,27 @@ def without_hooks(serialized: bytes) -> bytes:
         del node.children[:]
         node.children.extend(kept)
     return graph.SerializeToString()
+
+
+def test_a_numpy_save_during_adds_holds_counts_that_match_its_items(tmp_path):
+    """Each checkpoint's `size` equals the items it holds: an add's rows and its count go in together."""
+    rb = PyUniformReplayBuffer(SPEC, batch_size=2, max_length=100_000, seed=0, rate_limiter=MinSize(1))
+    stop = threading.Event()
+
+    def collect() -> None:
+        i = 0
+        while not stop.is_set():
+            rb.add_batch(items("py", i))
+            i += 2
+
+    thread, out = start(collect)
+    try:
+        paths = [tf.train.Checkpoint(buffer=rb).write(str(tmp_path / f"c{k}")) for k in range(30)]
+    finally:
+        stop.set()
+        assert joined(thread) and out == ["done"]
+    for path in paths:
+        limiter = MinSize(1)
+        fresh = PyUniformReplayBuffer(SPEC, batch_size=2, max_length=100_000, seed=0, rate_limiter=limiter)
+        tf.train.Checkpoint(buffer=fresh).read(path).assert_consumed()
+        assert limiter.info().size == fresh.num_frames(), path

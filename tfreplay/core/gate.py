@@ -3,9 +3,10 @@
 Every buffer has a `Gate`, with a limiter (`core/rate_limiter.py`) or without
 (then it only keeps the closed flag). Whatever the mode, the wait happens in
 Python before the buffer's lock is taken, and the call's items settle after
-the locked op: eagerly around the call, in a graph through
-`tf.numpy_function` ops ordered before and after it, in `as_dataset` as a
-tick per element.
+the locked op: eagerly at its end (still under the lock where the twin
+passes it, so a NumPy checkpoint holds rows and counts together), in a
+graph through `tf.numpy_function` ops ordered before and after it, in
+`as_dataset` as a tick per element.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import tensorflow as tf
 
 from tfreplay.core.ops import under_xla
 from tfreplay.core.rate_limiter import BufferClosedError, RateLimiter
+
+
+def _run(fn: Callable[[], Any]) -> Any:
+    return fn()
+
 
 _POLL = 0.1  # seconds a dataset's tick waits before it lets tf.data look again (so an iterator can be deleted)
 
@@ -53,26 +59,36 @@ class Gate:
                 f"{where}: the buffer is closed (close() was called); nothing was added or sampled."
             )
 
-    def call(self, where: str, side: str, n: int, fn: Callable[[], Any]) -> Any:
-        """`fn()` (one eager call of `n` items), once the limiter admits it; its items settle when it ends."""
+    def call(
+        self, where: str, side: str, n: int, fn: Callable[[], Any], exclusive: Callable[[Callable], Any] = _run
+    ) -> Any:
+        """`exclusive(fn)` (one eager call of `n` items; `exclusive` runs it under the buffer's lock), once the
+        limiter admits it; its items settle when it ends."""
         self.check_open(where)
         if self.limiter is None:
-            return fn()
+            return exclusive(fn)
         timeout = self.limiter.insert_timeout if side == "insert" else self.limiter.sample_timeout
         self.limiter._admit(where, side, n, timeout)
-        return self.settled(side, n, fn)
+        return self.settled(side, n, fn, exclusive)
 
-    def settled(self, side: str, n: int, fn: Callable[[], Any]) -> Any:
-        """`fn()` for `n` items already admitted (a dataset tick); they settle when it ends."""
-        if self.limiter is None:
-            return fn()
-        try:
+    def settled(self, side: str, n: int, fn: Callable[[], Any], exclusive: Callable[[Callable], Any] = _run) -> Any:
+        """`exclusive(fn)` for `n` items already admitted (a dataset tick); they settle when it ends. A call
+        that succeeds settles inside `exclusive`, so a checkpoint taken under the same lock (the NumPy twin's)
+        holds the written rows and their count together."""
+        limiter = self.limiter
+        if limiter is None:
+            return exclusive(fn)
+
+        def counted() -> Any:
             out = fn()
+            limiter._settle(side, n, True)
+            return out
+
+        try:
+            return exclusive(counted)
         except BaseException:
-            self.limiter._settle(side, n, False)
+            limiter._settle(side, n, False)
             raise
-        self.limiter._settle(side, n, True)
-        return out
 
     def admit_op(self, where: str, side: str, n: int) -> list:
         """In a graph: the op that waits for the limiter; order the locked op after it."""

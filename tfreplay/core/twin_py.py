@@ -162,7 +162,7 @@ class PyBuffer(ComposedBuffer):
         num_new = 1 if self._lockstep else arrays[0].shape[0]  # one ring: rows in order
         if num_new:  # wait for the rate limiter before taking the lock
             write = lambda: self._write_locked(arrays, num_new)  # noqa: E731
-            self._gate.call("add_batch", "insert", num_new * self._num_segments, lambda: self._exclusive(write))
+            self._gate.call("add_batch", "insert", num_new * self._num_segments, write, self._exclusive)
 
     def _append_sequence(self, where: str, items: Nest, segment: Any) -> None:
         """Appends items (a leading time axis, oldest first) to one segment (frame buffers)."""
@@ -173,7 +173,7 @@ class PyBuffer(ComposedBuffer):
         n = arrays[0].shape[0]
         if n:
             write = lambda: self._write_locked(arrays, n, np.full([1], segment, np.int64))  # noqa: E731
-            self._gate.call(where, "insert", n, lambda: self._exclusive(write))
+            self._gate.call(where, "insert", n, write, self._exclusive)
 
     def _get_next(
         self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
