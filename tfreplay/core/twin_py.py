@@ -15,12 +15,13 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay import native
-from tfreplay.core import checkpoint, specs, stacks
+from tfreplay.core import specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
 from tfreplay.core.episodes import Shape
 from tfreplay.core.gate import Gate
 from tfreplay.core.native_windows import WindowPlanner
+from tfreplay.core.numpy_checkpoint import NumpyState
 from tfreplay.core.ops import NUMPY_OPS
 from tfreplay.core.samplers import View
 from tfreplay.core.specs import Nest
@@ -96,7 +97,7 @@ class PyBuffer(ComposedBuffer):
         self._lockstep = batch_size is not None
         insert_size = segments if self._lockstep else 1
         object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, insert_size))
-        self._numpy_state = checkpoint.NumpyState(
+        self._numpy_state = NumpyState(
             self._lock,
             lambda: dict(self._arrays),
             self._rng,
