@@ -15,9 +15,9 @@ In-graph rows (`graph_loop`, also used by floors.py, peers.py,
 prioritized.py and windows.py): many calls in one tf.function's while loop,
 per call, each call waiting for the previous one's outputs, as in a training
 step (sample, train, update, then the next sample). `--overlap` on every
-bench entry point builds the earlier loop instead, whose calls depend on
-nothing before them, so TF's executor may run up to 10 at once: it
-reproduces figures measured before the loop was serialized.
+bench entry point builds the earlier loop instead (calls independent of
+the previous one's outputs, up to 10 iterations in flight), to reproduce
+figures measured before the loop was serialized.
 """
 
 from __future__ import annotations
@@ -155,8 +155,8 @@ def add_overlap_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overlap",
         action="store_true",
-        help="in-graph loops as before this flag: calls independent of each other, TF running up to 10 at once "
-        "(default: each call waits for the previous one, as in a training step)",
+        help="in-graph loops as before this flag: calls independent of the previous one's outputs, up to 10 "
+        "iterations in flight (default: each call waits for the previous one, as in a training step)",
     )
 
 
@@ -170,9 +170,10 @@ def repeat(step: Callable[[], Any], count: Any, overlap: bool = False) -> Any:
 
     Serialized unless `overlap`: each call's ops wait for the previous call's outputs, and the loop keeps one
     iteration in flight (`parallel_iterations=1`), so a time per call is the latency a training step sees
-    (sample, train, update, then the next sample). With `overlap` the calls depend on nothing before them and
-    TF's executor runs up to 10 iterations at once, which on a few cores makes them contend. Call it inside a
-    `tf.function`; `step` returns a nest of tensors of the same structure and shapes on every call.
+    (sample, train, update, then the next sample). With `overlap` (the earlier loop) a call waits only for what
+    TF orders by itself (in TF 2.21 each iteration's outputs wait for its stateful ops) and up to 10 iterations
+    are in flight, so the rest of a call may run beside the next one. Call it inside a `tf.function`; `step`
+    returns a nest of tensors of the same structure and shapes on every call.
     """
 
     def body(i: tf.Tensor, previous: Any) -> Tuple[tf.Tensor, Any]:

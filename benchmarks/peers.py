@@ -15,7 +15,7 @@ Every buffer is full before anything is timed. Modes, per call:
   in-graph       200 calls in one `tf.function`'s while loop, per call, each call waiting for the
                  previous one's outputs as in a training step (`cases.graph_loop`, the same loop
                  for every library): the op's own cost; `--overlap` times the earlier loop of
-                 independent calls (TF runs up to 10 at once), to reproduce older figures;
+                 independent calls (up to 10 iterations in flight), to reproduce older figures;
   Py             the NumPy buffers (TF-Agents' takes one row per `add_batch`: B calls per batch),
                  cpprb (`add` of the batch; `sample(B * 2)` single items: it has no windows) and
                  reverb (a trajectory writer per env, an item per window, flushed per batch);

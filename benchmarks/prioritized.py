@@ -15,8 +15,8 @@ baseline.
               buffer kind: NumPy twins, and TF in-graph (200 calls in one
               tf.function's while loop, per call, each call waiting for the
               previous one's outputs, as in a training step; `--overlap`
-              times the earlier loop of independent calls, up to 10 at
-              once, to reproduce older figures). Target: <= 1.5x.
+              times the earlier loop of independent calls, up to 10
+              iterations in flight, to reproduce older figures). Target: <= 1.5x.
   cpprb       the NumPy PER pair against cpprb's PrioritizedReplayBuffer
               (same items and capacity): `sample(256, beta=0.4)` then
               `update_priorities(indexes, new priorities)`. Target: <= 2x.

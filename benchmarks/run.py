@@ -20,8 +20,8 @@ What is timed, per workload (one "call" is one operation; items are rows:
               with jit_compile=True; Py.
 In-graph figures are per call with each call waiting for the previous one's
 outputs, as in a training step (`cases.graph_loop`). `--overlap` times the
-earlier loop, whose independent calls TF runs up to 10 at once, to reproduce
-figures from before (same for the graph floor).
+earlier loop (calls independent of the previous one's outputs, up to 10
+iterations in flight) to reproduce figures from before (same for the graph floor).
   as_dataset  `iter(as_dataset(B, num_steps=2, num_parallel_calls=p).prefetch(AUTOTUNE))`
               for both buffers, p in (AUTOTUNE, None); per `next()` at steady
               state (before each block the iterator is drained for a quarter of

@@ -27,7 +27,7 @@ n-step: `get_next(256, transform=NStepReturns(3, 0.99))` against the plain
 "ratio" = n-step / plain. Target: at most 1.3. TF eagerly, TF inside a
 `tf.function` loop of 50 calls (per call, each call waiting for the previous
 one's outputs, as in a training step; `--overlap` times the earlier loop of
-independent calls, up to 10 at once, to reproduce older figures), and the
+independent calls, up to 10 iterations in flight, to reproduce older figures), and the
 NumPy twin.
 """
 
