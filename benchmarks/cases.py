@@ -10,10 +10,19 @@ Baselines: `add_batch` is `array[pos:pos + batch_size] = leaf` per leaf (the
 position advancing round the ring); `get_next` and `as_dataset` are
 `array.take(rows, axis=0)` per leaf for `[sample_batch_size, num_steps]`
 random window rows (pre-drawn, so drawing them is not timed).
+
+In-graph rows (`graph_loop`, also used by floors.py, peers.py,
+prioritized.py and windows.py): many calls in one tf.function's while loop,
+per call, each call waiting for the previous one's outputs, as in a training
+step (sample, train, update, then the next sample). `--overlap` on every
+bench entry point builds the earlier loop instead (calls independent of
+the previous one's outputs, up to 10 iterations in flight), to reproduce
+figures measured before the loop was serialized.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import time
@@ -30,6 +39,8 @@ from benchmarks.workloads import Workload
 # get_next calls per invocation of the in-graph loop: enough that the one
 # tf.function call is amortised to a few percent of the loop.
 GRAPH_LOOP_CALLS = 200
+# How the in-graph loops built from now on run (`set_overlap`): serialized unless an entry point's `--overlap`.
+_LOOP = {"overlap": False}
 _ROW_POOL = 64
 
 
@@ -60,8 +71,7 @@ class Case:
 def _fill_tf(buffer: tfreplay.TFUniformReplayBuffer, tf_batch: Dict[str, tf.Tensor]) -> None:
     @tf.function
     def fill(items: Dict[str, tf.Tensor], count: tf.Tensor) -> None:
-        for _ in tf.range(count):
-            buffer.add_batch(items)
+        repeat(lambda: buffer.add_batch(items), count)
 
     fill(tf_batch, tf.constant(buffer.max_length))
 
@@ -140,22 +150,58 @@ def numpy_gather(s: Subjects) -> Bench:
     return Bench(gather)
 
 
-def graph_loop(step: Callable[[], Any], jit_compile: bool = False) -> Bench:
-    """`GRAPH_LOOP_CALLS` calls of `step` in one tf.function's while loop.
+def add_overlap_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds `--overlap`, the old in-graph loop, to an entry point's parser."""
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="in-graph loops as before this flag: calls independent of the previous one's outputs, up to 10 "
+        "iterations in flight (default: each call waits for the previous one, as in a training step)",
+    )
 
-    `step`'s result is the loop variable, so no iteration can be pruned; the
-    one function call is amortised over the loop.
+
+def set_overlap(overlap: bool) -> None:
+    """Makes the in-graph loops built from now on overlap their calls (the old loop) or serialize them."""
+    _LOOP["overlap"] = overlap
+
+
+def repeat(step: Callable[[], Any], count: Any, overlap: bool = False) -> Any:
+    """Calls `step` `count` (>= 1) times in a graph while loop; returns the last call's outputs.
+
+    Serialized unless `overlap`: each call's ops wait for the previous call's outputs, and the loop keeps one
+    iteration in flight (`parallel_iterations=1`), so a time per call is the latency a training step sees
+    (sample, train, update, then the next sample). With `overlap` (the earlier loop) a call waits only for what
+    TF orders by itself (in TF 2.21 each iteration's outputs wait for its stateful ops) and up to 10 iterations
+    are in flight, so the rest of a call may run beside the next one. Call it inside a `tf.function`; `step`
+    returns a nest of tensors of the same structure and shapes on every call.
     """
+
+    def body(i: tf.Tensor, previous: Any) -> Tuple[tf.Tensor, Any]:
+        if overlap:
+            return i + 1, step()
+        with tf.control_dependencies(tf.nest.flatten(previous)):
+            return i + 1, step()
+
+    count = tf.cast(count, tf.int64)
+    first = (tf.constant(1, tf.int64), step())
+    iterations = 10 if overlap else 1  # 10: tf.while_loop's default, what the old `for _ in tf.range` loop had
+    return tf.while_loop(lambda i, _: i < count, body, first, parallel_iterations=iterations)[1]
+
+
+def graph_loop(step: Callable[[], Any], jit_compile: bool = False, calls: int = GRAPH_LOOP_CALLS) -> Bench:
+    """`calls` calls of `step` in one tf.function's while loop (`repeat`), per call.
+
+    `step`'s result is the loop variable, so no call can be pruned; the one function call is amortised over
+    the loop. Serialized unless `set_overlap(True)` was called before building it.
+    """
+    overlap = _LOOP["overlap"]
 
     @tf.function(jit_compile=jit_compile)
     def loop(count: tf.Tensor) -> Any:
-        out = step()
-        for _ in tf.range(count - 1):
-            out = step()
-        return out
+        return repeat(step, count, overlap)
 
-    count = tf.constant(GRAPH_LOOP_CALLS)
-    return Bench(lambda: loop(count), ops=GRAPH_LOOP_CALLS)
+    count = tf.constant(calls)
+    return Bench(lambda: loop(count), ops=calls)
 
 
 def add_cases(s: Subjects) -> List[Case]:

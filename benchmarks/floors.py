@@ -3,7 +3,9 @@
 They are timed like the buffers, beside the same NumPy baselines, so a ratio
 target below a floor's ratio cannot be met by any buffer built on that kind
 of call (a tf.function call, a tf.data iterator, a graph loop, NumPy random
-draws). None of them touches a buffer.
+draws). None of them touches a buffer. The graph floor runs in the same
+serialized loop as the buffers' in-graph rows (`cases.graph_loop`: each call
+waits for the previous one; `--overlap` on `benchmarks.run` for the old loop).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run in the compatibility venv (TF 2.15, TF-Agents 0.19): `make bench-peers`,
 or `python -m benchmarks.peers [--quick] [--repeats N] [--block S] [--workload cartpole|atari|all]
-[--only OP/MODE ...]` (e.g. `--only get_next/in-graph as_dataset/TF`: those groups only).
+[--only OP/MODE ...] [--overlap]` (e.g. `--only get_next/in-graph as_dataset/TF`: those groups only).
 A library that does not import is skipped with its reason.
 
 Workloads (`workloads.py`): CartPole (16 envs x 4,096 rows, samples of 256
@@ -12,7 +12,10 @@ Every buffer is full before anything is timed. Modes, per call:
   tf.function    the same call inside the user's `tf.function`, one function call per op; the floor
                  row is a bare `tf.function` with the same inputs and outputs, and "above floor" is
                  what a library adds to it;
-  in-graph       200 calls in one `tf.function`'s while loop, per call: the op's own cost;
+  in-graph       200 calls in one `tf.function`'s while loop, per call, each call waiting for the
+                 previous one's outputs as in a training step (`cases.graph_loop`, the same loop
+                 for every library): the op's own cost; `--overlap` times the earlier loop of
+                 independent calls (up to 10 iterations in flight), to reproduce older figures;
   Py             the NumPy buffers (TF-Agents' takes one row per `add_batch`: B calls per batch),
                  cpprb (`add` of the batch; `sample(B * 2)` single items: it has no windows) and
                  reverb (a trajectory writer per env, an item per window, flushed per batch);
@@ -67,8 +70,7 @@ class Result:
 def _fill_graph(add: Callable[[Any], Any], batch: Any, count: int) -> None:
     @tf.function
     def fill(items: Any, n: tf.Tensor) -> None:
-        for _ in tf.range(n):
-            add(items)
+        cases.repeat(lambda: added(add, items), n)
 
     fill(batch, tf.constant(count))
 
@@ -296,14 +298,20 @@ def table(results: List[Result]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=["cartpole", "atari", "all"], default="all")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block", type=float, default=0.1)
     parser.add_argument("--quick", action="store_true", help="1,024-row segments, 3 repeats")
     parser.add_argument("--only", nargs="+", metavar="OP/MODE", help="time only these groups, e.g. get_next/in-graph")
-    args = parser.parse_args()
+    cases.add_overlap_flag(parser)
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    cases.set_overlap(args.overlap)
     chosen = [w for w in (CARTPOLE, ATARI) if args.workload in ("all", w.name)]
     if args.quick:
         chosen = [dataclasses.replace(w, max_length=1024) for w in chosen]

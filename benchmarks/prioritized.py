@@ -1,6 +1,6 @@
 """Prioritized replay: sample + update against uniform sampling and cpprb (issue 9).
 
-Run: `python -m benchmarks.prioritized [--quick] [--repeats N] [--block S] [--markdown]`
+Run: `python -m benchmarks.prioritized [--quick] [--repeats N] [--block S] [--markdown] [--overlap]`
 (`make bench-prioritized` installs the `bench` extra, with cpprb, first).
 
 Buffers: CartPole items {observation: f32[4], action: i64[], reward: f32[],
@@ -13,7 +13,10 @@ baseline.
   PER pair    `get_next(256)` then `update_priorities(ids, new priorities)`
               of the drawn ids, against uniform `get_next(256)` of the same
               buffer kind: NumPy twins, and TF in-graph (200 calls in one
-              tf.function's while loop, per call). Target: <= 1.5x.
+              tf.function's while loop, per call, each call waiting for the
+              previous one's outputs, as in a training step; `--overlap`
+              times the earlier loop of independent calls, up to 10
+              iterations in flight, to reproduce older figures). Target: <= 1.5x.
   cpprb       the NumPy PER pair against cpprb's PrioritizedReplayBuffer
               (same items and capacity): `sample(256, beta=0.4)` then
               `update_priorities(indexes, new priorities)`. Target: <= 2x.
@@ -39,7 +42,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import report, timing  # noqa: E402
-from benchmarks.cases import graph_loop  # noqa: E402
+from benchmarks.cases import add_overlap_flag, graph_loop, repeat, set_overlap  # noqa: E402
 from benchmarks.run import _freeze_heap, _load, machine_facts  # noqa: E402
 from tfreplay.buffers import (  # noqa: E402
     PyUniformReplayBuffer,
@@ -88,8 +91,7 @@ def _fill(buffer: Any, batch: dict, priorities: np.ndarray | None) -> Any:
 
         @tf.function
         def fill(count: tf.Tensor) -> None:
-            for _ in tf.range(count):
-                buffer.add_batch(tf_batch)
+            repeat(lambda: buffer.add_batch(tf_batch), count)
 
         fill(tf.constant(LENGTH))
     else:
@@ -176,14 +178,20 @@ def rows_to_time(seed: int) -> List[tuple]:
     return lazy
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.prioritized", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats of 0.05 s blocks")
     parser.add_argument("--repeats", type=int, default=None, help="timed blocks per side (default 9, quick 3)")
     parser.add_argument("--block", type=float, default=None, help="seconds per block (default 0.2, quick 0.05)")
     parser.add_argument("--markdown", action="store_true", help="print a README-ready Markdown table")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    add_overlap_flag(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    set_overlap(args.overlap)
     repeats = args.repeats or (3 if args.quick else 9)
     block = args.block or (0.05 if args.quick else 0.2)
     load, started = _load(), time.perf_counter()

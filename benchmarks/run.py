@@ -1,6 +1,6 @@
 """Benchmarks of tfreplay's uniform buffers against plain NumPy (issue 2).
 
-Run: `python -m benchmarks.run [--quick] [--repeats N] [--workload cartpole|atari|all] [--markdown]`
+Run: `python -m benchmarks.run [--quick] [--repeats N] [--workload cartpole|atari|all] [--markdown] [--overlap]`
 (`make bench`). A full run takes about two minutes, `--quick` about half a minute.
 
 Workloads
@@ -18,6 +18,10 @@ What is timed, per workload (one "call" is one operation; items are rows:
   get_next    TF eagerly, per call; TF in-graph: 200 get_next calls in one
               tf.function's while loop (items as loop variables), per call, also
               with jit_compile=True; Py.
+In-graph figures are per call with each call waiting for the previous one's
+outputs, as in a training step (`cases.graph_loop`). `--overlap` times the
+earlier loop (calls independent of the previous one's outputs, up to 10
+iterations in flight) to reproduce figures from before (same for the graph floor).
   as_dataset  `iter(as_dataset(B, num_steps=2, num_parallel_calls=p).prefetch(AUTOTUNE))`
               for both buffers, p in (AUTOTUNE, None); per `next()` at steady
               state (before each block the iterator is drained for a quarter of
@@ -93,6 +97,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", action="store_true", help="print README-ready Markdown tables")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verbose", action="store_true", help="print each case's wall time to stderr")
+    cases.add_overlap_flag(parser)
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 9
@@ -160,6 +165,7 @@ def run_workload(name: str, args: argparse.Namespace) -> tuple:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    cases.set_overlap(args.overlap)
     _freeze_heap()
     names = sorted(WORKLOADS, reverse=True) if args.workload == "all" else [args.workload]
     rows: List[report.Row] = []

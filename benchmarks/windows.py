@@ -1,6 +1,7 @@
 """Transforms over windows (issue 9): sequences' cost against capacity, n-step against a plain window.
 
-Run: `python -m benchmarks.windows [--repeats N] [--block SECONDS] [--only {sequences,n-step}] [--markdown]`
+Run: `python -m benchmarks.windows [--repeats N] [--block SECONDS] [--only {sequences,n-step}] [--markdown]
+[--overlap]`
 (a few minutes; `--only` runs one of the two tables).
 
 Buffers: the drivers' `Transition` of CartPole (`observation`/`next_observation`
@@ -24,7 +25,10 @@ sequence's mask reads `pos` with the rows, so that read is not in its draw).
 n-step: `get_next(256, transform=NStepReturns(3, 0.99))` against the plain
 `get_next(256, num_steps=4)` of the same 100k buffer, alternating blocks;
 "ratio" = n-step / plain. Target: at most 1.3. TF eagerly, TF inside a
-`tf.function` loop of 50 calls (per call), and the NumPy twin.
+`tf.function` loop of 50 calls (per call, each call waiting for the previous
+one's outputs, as in a training step; `--overlap` times the earlier loop of
+independent calls, up to 10 iterations in flight, to reproduce older figures), and the
+NumPy twin.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.cases import add_overlap_flag, graph_loop, set_overlap  # noqa: E402
 from benchmarks.report import format_table  # noqa: E402
 from benchmarks.timing import Bench, compare  # noqa: E402
 from tfreplay import NStepReturns, PyUniformReplayBuffer, Sequences, TFUniformReplayBuffer  # noqa: E402
@@ -91,17 +96,8 @@ def full_buffer(twin: str, capacity: int):
 
 
 def in_graph(rb, **kwargs):
-    """`LOOP` get_next calls inside one tf.function, per call of that function."""
-
-    @tf.function
-    def loop():
-        total = tf.constant(0.0)
-        for _ in tf.range(LOOP):
-            items, _ = rb.get_next(**kwargs)
-            total += tf.reduce_sum(tf.cast(tf.nest.flatten(items)[2], tf.float32))
-        return total
-
-    return Bench(loop, ops=LOOP)
+    """`LOOP` get_next calls in one tf.function's while loop (`cases.graph_loop`), per call."""
+    return graph_loop(lambda: rb.get_next(**kwargs)[0], calls=LOOP)
 
 
 def sequence_draw(twin: str, rb, transform) -> Bench:
@@ -186,13 +182,19 @@ def n_step_rows(repeats: int, block: float, capacity: int) -> list:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.windows", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--block", type=float, default=0.2)
     parser.add_argument("--only", choices=["sequences", "n-step"], help="run only these rows")
     parser.add_argument("--markdown", action="store_true")
-    args = parser.parse_args()
+    add_overlap_flag(parser)
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    set_overlap(args.overlap)
     print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     rows = []
     if args.only != "n-step":
