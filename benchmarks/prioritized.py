@@ -23,6 +23,11 @@ baseline.
   fallback    the same PER pairs with the compiled sum tree off (array ops).
   floor       TF's in-graph floor beside the uniform in-graph sample: random
               rows + one `tf.gather` per leaf in the same loop.
+  kernels     the compiled ring sample and ring update of a pair, called
+              directly on the PER buffer's tree (no sampler or buffer code,
+              no item read), against the uniform `get_next`: the share of
+              a pair that is the sum tree's own work (a 16 MB tree: its
+              descent and update miss the cache at every level).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from tfreplay.buffers import (  # noqa: E402
     TFUniformReplayBuffer,
     rows_storage,
 )
+from tfreplay.core.ops import NUMPY_OPS, TF_OPS  # noqa: E402
 from tfreplay.core.samplers.prioritized import PrioritizedSampler  # noqa: E402
 from tfreplay.core.twin_py import PyBuffer  # noqa: E402
 from tfreplay.core.twin_tf import TFBuffer  # noqa: E402
@@ -131,6 +137,24 @@ def _tf_floor(buffer: Any) -> timing.Bench:
     return graph_loop(lambda: [tf.gather(v, rows()) for v in leaves])
 
 
+def _kernels_floor(per: Any, rng: np.random.Generator) -> timing.Bench:
+    """The compiled ring sample and ring update of a PER pair, called directly on `per`'s tree (no sampler or
+    buffer code around them, no item read): TF in-graph, or NumPy."""
+    sampler, adds = per._sampler, per._num_adds
+    tree, numpy = sampler.tree, isinstance(adds, np.ndarray)
+    ops = NUMPY_OPS if numpy else TF_OPS
+
+    def pair(u: Any, new: Any) -> Any:
+        segment, t, *_ = tree.ring_sample(ops, adds if numpy else adds.read_value(), u, LENGTH)
+        return tree.ring_update(ops, adds, t * SEGMENTS + segment, new, ALPHA, sampler.max_priority, LENGTH)[1]
+
+    if numpy:
+        new = rng.uniform(0.1, 10.0, SAMPLE)
+        return timing.Bench(lambda: pair(rng.uniform(size=SAMPLE), new))
+    draws = lambda: tf.random.uniform([SAMPLE], dtype=tf.float64)  # noqa: E731
+    return graph_loop(lambda: pair(draws(), draws() * 9.9 + 0.1))
+
+
 def _cpprb(batch: dict, priorities: np.ndarray, rng: np.random.Generator) -> timing.Bench | None:
     try:
         import cpprb
@@ -172,6 +196,18 @@ def rows_to_time(seed: int) -> List[tuple]:
         ("TF in-graph: PER pair / uniform get_next", lambda: _tf_pair(tf_per), lambda: _tf_sample(tf_uniform), 1.5),
         ("TF in-graph: PER pair, no native / uniform", lambda: _tf_pair(tf_slow), lambda: _tf_sample(tf_uniform), None),
         ("TF in-graph: floor / uniform get_next", lambda: _tf_floor(tf_uniform), lambda: _tf_sample(tf_uniform), None),
+        (
+            "NumPy: PER kernels alone / uniform get_next",
+            lambda: _kernels_floor(py_per, rng),
+            lambda: py_base,
+            None,
+        ),
+        (
+            "TF in-graph: PER kernels alone / uniform get_next",
+            lambda: _kernels_floor(tf_per, rng),
+            lambda: _tf_sample(tf_uniform),
+            None,
+        ),
     ]
     if cpprb_pair is not None:
         lazy.insert(1, ("NumPy: PER pair / cpprb PER pair", lambda: _py_pair(py_per, rng), lambda: cpprb_pair, 2.0))
