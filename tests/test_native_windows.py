@@ -1,11 +1,14 @@
-"""The NumPy twin's compiled plan of padded windows against its array-op plan.
+"""The NumPy twin's compiled window plan and strict draw against its array-op path.
 
 Two buffers of each kind are filled alike with the same seed, one planning
-padded windows in compiled code (`tfreplay.native.windows_library`), the
-other with that library unavailable (array ops, as with `TFREPLAY_NATIVE=0`);
-every sample must be the same, value for value, through wrap-around,
-episodes ending inside windows, several segments, one ring, the write head
-inside windows, a clear, and samplers that draw their own starts.
+padded windows and drawing strict ones in compiled code
+(`tfreplay.native.windows_library`), the other with that library
+unavailable (array ops, as with `TFREPLAY_NATIVE=0`); every sample must be
+the same, value for value, through wrap-around, episodes ending inside
+windows, several segments, one ring, the write head inside windows, a
+clear, samplers that draw their own starts, and (strict windows) episodes
+too short for most windows, so that samples need several rounds of
+candidates or the exact draw.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tfreplay import (
     frame_data_spec,
     native,
 )
+from tfreplay.core.episodes import POS_BINS
 from tfreplay.drivers import Transition
 
 needs_kernel = pytest.mark.skipif(native.windows_library() is None, reason="no compiled window plan here")
@@ -67,13 +71,13 @@ class Counting:
         return call
 
 
-def steps(rng, num: int, length: int) -> list[Transition]:
-    """`length` batches of `num` environments' steps: episodes of 1 to 6 steps ending terminated or truncated
-    (the last may run on); rewards and observations random."""
+def steps(rng, num: int, length: int, longest: int = 6, shortest: int = 1) -> list[Transition]:
+    """`length` batches of `num` environments' steps: episodes of `shortest` to `longest` steps ending
+    terminated or truncated (the last may run on); rewards and observations random."""
     left, batches = np.zeros(num, np.int64), []
     for _ in range(length):
         first = left == 0
-        left = np.where(first, rng.integers(1, 7, num), left) - 1
+        left = np.where(first, rng.integers(shortest, longest + 1, num), left) - 1
         end = left == 0
         kind = rng.random(num) < 0.5
         terminated, truncated = end & kind, end & ~kind
@@ -108,16 +112,22 @@ def on_both(pair, monkeypatch, fn) -> list:
 
 def same_sample(pair, monkeypatch, size: int, transform) -> tuple | None:
     """Samples both buffers of `pair` and checks every output, id and probability (or that both refuse)."""
-    got = on_both(pair, monkeypatch, lambda rb: rb.get_next(sample_batch_size=size, transform=transform))
+    return same_draw(pair, monkeypatch, "holds no window", sample_batch_size=size, transform=transform)
+
+
+def same_draw(pair, monkeypatch, refusal: str, **get_next) -> tuple | None:
+    """`get_next(**get_next)` of both buffers of `pair`: the same outputs, ids and probabilities, or the same
+    refusal (a message containing `refusal`; then None)."""
+    got = on_both(pair, monkeypatch, lambda rb: rb.get_next(**get_next))
     if any(isinstance(x, ValueError) for x in got):
-        assert [str(x) for x in got] == [str(got[0])] * 2 and "holds no window" in str(got[0])
+        assert [str(x) for x in got] == [str(got[0])] * 2 and refusal in str(got[0])
         return None
     (out, info), (want, want_info) = got
     assert tf.nest.map_structure(lambda x: x.dtype, out) == tf.nest.map_structure(lambda x: x.dtype, want)
     for a, b in zip(tf.nest.flatten(out), tf.nest.flatten(want)):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(info.ids, want_info.ids)
-    np.testing.assert_array_equal(info.probabilities, want_info.probabilities)
+    for a, b in zip(tf.nest.flatten(info), tf.nest.flatten(want_info)):  # ids per step without time_stacked
+        np.testing.assert_array_equal(a, b)
     return out, info
 
 
@@ -252,3 +262,145 @@ def test_the_window_kernel_falls_back_when_it_cannot_be_built(monkeypatch, tmp_p
     monkeypatch.setenv("TFREPLAY_NATIVE", "0")
     assert native.build("windows.cc", [], "the window-plan library", "using NumPy ops instead") is None
     assert list(tmp_path.glob("*.so")) == []
+
+
+# Strict windows (inside one episode) through the index. Episodes of 1 to 6 steps: a window of 6 fits few
+# of them, so its samples often need more rounds of candidates or the exact draw, or find no window at all.
+STRICT = [Sequences(3), Sequences(4, burn_in=1), Sequences(6)]
+NO_WINDOW = {  # the refusal of each kind of call with nothing to draw
+    "transform": "holds no window",
+    "rows": "consecutive items yet",
+    "frames": "holds no valid",
+}
+
+
+def strict_all(pair, monkeypatch, rng, kind: str = "rows", size: int = 32) -> list:
+    """Strict samples from both buffers, in a random order: each transform of `STRICT`, then windows of
+    `num_steps` items (and single items) through the index: `(what, (out, info) or None)`."""
+    calls = [{"transform": t} for t in STRICT] + [{"num_steps": k} for k in (2, 5)] + [{}]
+    got = []
+    for i in rng.permutation(len(calls)):
+        refusal = NO_WINDOW["transform" if "transform" in calls[i] else kind]
+        got.append((calls[i], same_draw(pair, monkeypatch, refusal, sample_batch_size=size, **calls[i])))
+    return got
+
+
+def check_strict_calls(counting, samples: int) -> None:
+    """Each strict sample counted once; some needed more rounds, and some the exact draw."""
+    calls = counting.calls
+    assert calls["tfreplay_strict_counts"] == samples
+    assert calls["tfreplay_strict_keep"] > samples, "some samples should need more than one round"
+    assert calls["tfreplay_strict_exact"] > 0, "some samples should need the exact draw"
+
+
+@needs_kernel
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_strict_windows_through_segments_wrap_around_and_a_clear(batch_size, monkeypatch, counting):
+    rng = np.random.default_rng(10 + batch_size)
+    pair = [
+        PyUniformReplayBuffer(SPEC, batch_size=batch_size, max_length=23, seed=5, within_episodes=True)
+        for _ in range(2)
+    ]
+    drawn = refused = 0
+    for step, batch in enumerate(steps(rng, batch_size, 80)):
+        for rb in pair:
+            rb.add_batch(batch)
+        if step == 50:
+            for rb in pair:
+                rb.clear()
+            continue
+        for _, got in strict_all(pair, monkeypatch, np.random.default_rng(step)):
+            drawn, refused = drawn + (got is not None), refused + (got is None)
+    assert drawn > 300 and refused > 10
+    check_strict_calls(counting, 6 * 79)
+
+
+@needs_kernel
+def test_strict_windows_of_one_ring(monkeypatch, counting):
+    rng = np.random.default_rng(12)
+    pair = [PyUniformReplayBuffer(SPEC, capacity=29, seed=9, within_episodes=True) for _ in range(2)]
+    for step, size in enumerate(rng.integers(1, 6, 40)):
+        items = tf.nest.map_structure(lambda *x: np.stack(x), *[b for b in steps(rng, 1, int(size))])
+        items = tf.nest.map_structure(lambda x: x[:, 0], items)
+        for rb in pair:
+            rb.add_batch(items)
+        strict_all(pair, monkeypatch, np.random.default_rng(step), size=17)
+    check_strict_calls(counting, 6 * 40)
+
+
+@needs_kernel
+def test_strict_windows_too_long_for_the_index_counts_are_scanned(monkeypatch, counting):
+    # A window of more than POS_BINS items is counted by a scan of every start, not from `pos_counts`.
+    length = POS_BINS + 40
+    rng = np.random.default_rng(13)
+    pair = [PyUniformReplayBuffer(SPEC, batch_size=2, max_length=length, seed=2) for _ in range(2)]
+    transform, drawn = Sequences(POS_BINS + 4), 0
+    for step, batch in enumerate(steps(rng, 2, 2 * length, longest=POS_BINS + 30, shortest=POS_BINS - 20)):
+        for rb in pair:
+            rb.add_batch(batch)
+        if step % 20 == 19:
+            drawn += same_sample(pair, monkeypatch, 8, transform) is not None
+    assert drawn > 5 and counting.calls["tfreplay_strict_counts"] == 2 * length // 20
+
+
+@needs_kernel
+def test_strict_windows_of_frames(monkeypatch, counting):
+    rng = np.random.default_rng(14)
+    streams = [make_stream(rng, s, 50) for s in range(2)]
+    pair = [
+        PyFrameReplayBuffer(frame_data_spec(FRAME), batch_size=2, max_length=12, history_len=3, seed=3)
+        for _ in range(2)
+    ]
+    drawn = 0
+    for i in range(50):
+        for rb in pair:
+            rb.add_batch(row(streams, i))
+        drawn += sum(got is not None for _, got in strict_all(pair, monkeypatch, np.random.default_rng(i), "frames"))
+    assert drawn > 150
+    check_strict_calls(counting, 6 * 50)
+
+
+@needs_kernel
+def test_strict_datasets_draw_the_same_elements(monkeypatch, counting):
+    rng = np.random.default_rng(15)
+    pair = [PyUniformReplayBuffer(SPEC, batch_size=2, max_length=16, seed=7, within_episodes=True) for _ in range(2)]
+    for batch in steps(rng, 2, 30):
+        for rb in pair:
+            rb.add_batch(batch)
+    got = []
+    for rb, compiled in zip(pair, (True, False)):
+        with monkeypatch.context() as patch:
+            if not compiled:
+                patch.setattr(native, "windows_library", lambda: None)
+            sequences = rb.as_dataset(8, transform=Sequences(5)).take(10)
+            windows = rb.as_dataset(4, num_steps=3).take(10)
+            got.append([tf.nest.map_structure(np.asarray, x) for x in [*sequences, *windows]])
+    for a, b in zip(tf.nest.flatten(got[0]), tf.nest.flatten(got[1])):
+        np.testing.assert_array_equal(a, b)
+    assert counting.calls["tfreplay_strict_counts"] > 0
+
+
+@needs_kernel
+def test_no_strict_window_is_refused_alike_and_draws_alike_after(monkeypatch, counting):
+    pair = [PyUniformReplayBuffer(SPEC, batch_size=2, max_length=8, seed=1, within_episodes=True) for _ in range(2)]
+    for rb, compiled in zip(pair, (True, False)):  # empty
+        with monkeypatch.context() as patch:
+            if not compiled:
+                patch.setattr(native, "windows_library", lambda: None)
+            with pytest.raises(ValueError, match=r"get_next: the buffer holds no window Sequences.* can read yet"):
+                rb.get_next(sample_batch_size=4, transform=Sequences(3))
+            with pytest.raises(ValueError, match=r"get_next: no episode holds 3 consecutive items yet"):
+                rb.get_next(sample_batch_size=4, num_steps=3)
+    # Episodes of one or two steps: items, but no window of 3; both refuse after drawing the same numbers.
+    rng = np.random.default_rng(16)
+    for batch in steps(rng, 2, 10, longest=2):
+        for rb in pair:
+            rb.add_batch(batch)
+        assert same_sample(pair, monkeypatch, 4, Sequences(3)) is None
+        assert same_draw(pair, monkeypatch, NO_WINDOW["rows"], sample_batch_size=4, num_steps=3) is None
+    for batch in steps(rng, 2, 10, longest=5, shortest=4):
+        for rb in pair:
+            rb.add_batch(batch)
+    assert same_sample(pair, monkeypatch, 16, Sequences(3)) is not None
+    assert same_draw(pair, monkeypatch, NO_WINDOW["rows"], sample_batch_size=16, num_steps=3) is not None
+    assert counting.calls["tfreplay_strict_exact"] == 0  # nothing to count: no exact draw

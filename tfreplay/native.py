@@ -10,8 +10,9 @@
   functions, for NumPy through ctypes. Prioritized replay spends its time in these two loops
   (`core/samplers/sum_tree.py`).
 * `windows_library()`: the NumPy twin's plan of padded windows (n-step
-  returns, padded sequences) in one or two plain C calls
-  (`core/native_windows.py`), where array ops take about 40 small calls.
+  returns, padded sequences) in one or two plain C calls, and its draw of
+  strict windows through the episode index in two or three
+  (`core/native_windows.py`), where array ops take about 40 and 30 small calls.
 
 A TF kernel is built against the installed TensorFlow's headers, once per
 TensorFlow version; the plain library needs no TensorFlow. Both go into
@@ -63,7 +64,8 @@ def sum_tree_library() -> Any:
 
 
 def windows_library() -> Any:
-    """The NumPy twin's padded-window plan (ctypes, `kernels/windows.cc`; see `core/native_windows.py`), or None."""
+    """The NumPy twin's window plan and strict draw (ctypes, `kernels/windows.cc`; see `core/native_windows.py`),
+    or None."""
     return _once("windows", _windows_library)
 
 
@@ -128,6 +130,10 @@ def _windows_library() -> Any:
         {
             "tfreplay_padded_counts": (n, [a, n, n, n, a, a, a]),  # how many starts to draw from
             "tfreplay_window_plan": (None, [a, a, a, a, a, n, n, n, n, a, a, a, a, a, a, a]),
+            # strict windows through the episode index: the counts, a round of candidates, the exact draw
+            "tfreplay_strict_counts": (n, [a, n, n, n, n, n, n, a, a, n, a, a, a, a, a]),
+            "tfreplay_strict_keep": (n, [a, n, n, a, a, n, n, n, n, n, a, a, a, a]),  # how many still missing
+            "tfreplay_strict_exact": (None, [a, n, a, n, n, n, n, n, a, a, a, a, a]),
         },
     )
 

@@ -15,10 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay import native
-from tfreplay.core import specs, stacks
+from tfreplay.core import ring, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import ComposedBuffer, check_priorities
-from tfreplay.core.episodes import Shape
 from tfreplay.core.gate import Gate
 from tfreplay.core.native_windows import WindowPlanner
 from tfreplay.core.numpy_checkpoint import NumpyState
@@ -92,7 +91,7 @@ class PyBuffer(ComposedBuffer):
         object.__setattr__(self, "_arrays", {})
         object.__setattr__(self, "_views", {})
         object.__setattr__(self, "_checks_priorities", None)
-        object.__setattr__(self, "_planner", _UNSET)  # the compiled padded-window plan: looked up on first use
+        object.__setattr__(self, "_planner", _UNSET)  # the compiled window plan: looked up on first use
         super().__init__(data_spec, segments, length, storage, sampler, episode_rule, name=name, **options)
         self._lockstep = batch_size is not None
         insert_size = segments if self._lockstep else 1
@@ -207,27 +206,33 @@ class PyBuffer(ComposedBuffer):
     def _sample_plan(
         self, size: int, num_steps: int | None, transform: Any = None, view: View | None = None
     ) -> tuple[Any, Any, Any, Any]:
-        """Padded windows planned in compiled code where the kernel is built (`core/native_windows.py`),
-        else in array ops (`SamplePath._sample_plan`): the same plan either way."""
-        padded = transform is not None and transform.padded and view is None
-        planner = self._window_planner() if padded else None
-        if planner is None:
+        """Padded windows, and strict ones through the episode index, planned in compiled code where the kernel
+        is built (`core/native_windows.py`), else in array ops (`SamplePath._sample_plan`): the same plan either
+        way."""
+        window, padded = self._windows(transform)
+        planner = self._window_planner() if view is None and (padded or window is not None) else None
+        if planner is None or not (padded or planner.draws_strict):
             return super()._sample_plan(size, num_steps, transform, view)
+        pos_at = self._pos_at if self._rule is not None else None
+        if transform is None:  # strict windows of `num_steps` items (or single items) through the index
+            segment, t, probs, count = planner.starts(size, num_steps or 1, self._draw)
+            step_rows, ids = ring.window_rows(segment, t, num_steps, self._max_length, self._num_segments, self._ops)
+            return self._storage.plan(segment, t, step_rows, num_steps, pos_at, self._ops), ids, probs, count
         n = int(transform.num_steps)
-        planned = planner.sample(size, n, self._draw, lambda: self._view(transform))
+        planned = planner.sample(size, n, self._draw, lambda: self._view(transform), padded)
         (rows, mask, *at), segment, t, ids, probs, count = planned
-        plan = self._storage.plan(segment, t, rows, n, self._pos_at if self._rule is not None else None, self._ops)
+        plan = self._storage.plan(segment, t, rows, n, pos_at, self._ops)
         return ((plan, mask, *at) if self._steps_of(transform) else (plan, mask)), ids, probs, count
 
     def _window_planner(self) -> WindowPlanner | None:
-        """The compiled padded-window plan of this buffer, or None without the kernel (looked up once)."""
+        """The compiled window plan of this buffer, or None without the kernel (looked up once)."""
         if self._planner is _UNSET:
             library = native.windows_library()
-            index = (self._pos, self._newest) if self._rule is not None else None
-            rows = self._storage.window == Shape()  # no lead, no history
+            index = (self._pos, self._newest, self._pos_counts) if self._rule is not None else None
             planner = None
             if library is not None:
-                planner = WindowPlanner(library, self._num_adds, self._max_length, index, self._sampler, rows)
+                window = self._storage.window
+                planner = WindowPlanner(library, self._num_adds, self._max_length, index, self._sampler, window)
             object.__setattr__(self, "_planner", planner)
         return self._planner
 
