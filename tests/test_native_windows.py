@@ -27,6 +27,7 @@ from tfreplay import (
     PyPrioritizedReplayBuffer,
     PyUniformReplayBuffer,
     Sequences,
+    TFUniformReplayBuffer,
     frame_data_spec,
     native,
 )
@@ -64,9 +65,9 @@ class Counting:
     def __getattr__(self, name):
         function = getattr(self.library, name)
 
-        def call(*args):
+        def call(*args, **kwargs):
             self.calls[name] += 1
-            return function(*args)
+            return function(*args, **kwargs)
 
         return call
 
@@ -404,3 +405,74 @@ def test_no_strict_window_is_refused_alike_and_draws_alike_after(monkeypatch, co
     assert same_sample(pair, monkeypatch, 16, Sequences(3)) is not None
     assert same_draw(pair, monkeypatch, NO_WINDOW["rows"], sample_batch_size=16, num_steps=3) is not None
     assert counting.calls["tfreplay_strict_exact"] == 0  # nothing to count: no exact draw
+
+
+# The TF twin: the same plan as two TF ops (`native.window_ops`), against its XLA-compiled array-op plan.
+needs_ops = pytest.mark.skipif(native.window_ops() is None, reason="no compiled window-plan ops here")
+
+
+def on_both_tf(pair, monkeypatch, fn) -> list:
+    """`fn(buffer)` on both TF buffers of `pair` (ops, XLA), or the error it raised."""
+    got = []
+    for rb, compiled in zip(pair, (True, False)):
+        with monkeypatch.context() as patch:
+            if not compiled:  # decided when a call is traced: each buffer traces its own calls
+                patch.setattr(native, "window_ops", lambda: None)
+            try:
+                got.append(tf.nest.map_structure(np.asarray, fn(rb)))
+            except (ValueError, tf.errors.InvalidArgumentError) as err:
+                got.append(err)
+    return got
+
+
+def same_tf(pair, monkeypatch, fn) -> bool:
+    """Whether both buffers gave a sample (equal in every output, id and probability), else both refused."""
+    got = on_both_tf(pair, monkeypatch, fn)
+    if any(isinstance(x, Exception) for x in got):
+        assert all(isinstance(x, Exception) for x in got) and all("no window" in str(x) for x in got), got
+        return False
+    for a, b in zip(tf.nest.flatten(got[0]), tf.nest.flatten(got[1])):
+        np.testing.assert_array_equal(a, b)
+    return True
+
+
+@needs_ops
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_tf_padded_windows_through_segments_wrap_around_and_a_clear(batch_size, monkeypatch):
+    ops = Counting(native.window_ops())  # counts traces: a graph calls the ops it was traced with
+    monkeypatch.setattr(native, "window_ops", lambda: ops)
+    rng = np.random.default_rng(20 + batch_size)
+    pair = [TFUniformReplayBuffer(SPEC, batch_size, 11, seed=4) for _ in range(2)]
+    functions = [{t: tf.function(lambda t=t, rb=rb: rb.get_next(16, transform=t)) for t in TRANSFORMS} for rb in pair]
+    drawn = 0
+    for step, batch in enumerate(steps(rng, batch_size, 40)):
+        for rb in pair:
+            rb.add_batch(tf.nest.map_structure(tf.constant, batch))
+        if step == 25:
+            for rb in pair:
+                rb.clear()
+            continue
+        for transform in TRANSFORMS:
+            drawn += same_tf(pair, monkeypatch, lambda rb, t=transform: rb.get_next(16, transform=t))
+            drawn += same_tf(pair, monkeypatch, lambda rb, t=transform: functions[pair.index(rb)][t]())
+    assert drawn > 200
+    # Each of the first buffer's traces (eager and tf.function, per transform) plans with the ops, unlocked and in
+    # its locked redraw; the second buffer's traces never do.
+    assert ops.calls["tfreplay_window_plan"] == 2 * 2 * len(TRANSFORMS)
+
+
+@needs_ops
+def test_tf_padded_windows_in_a_dataset_and_without_episode_fields(monkeypatch):
+    rng = np.random.default_rng(3)
+    pair = [TFUniformReplayBuffer(SPEC, 2, 9, seed=1) for _ in range(2)]
+    plain = [TFUniformReplayBuffer(PLAIN_SPEC, 2, 9, seed=1) for _ in range(2)]  # no index: the ring's windows
+    for batch in steps(rng, 2, 14):
+        for rb in pair:
+            rb.add_batch(tf.nest.map_structure(tf.constant, batch))
+        for rb in plain:
+            rb.add_batch({k: tf.constant(getattr(batch, k)) for k in PLAIN_SPEC})
+    for buffers in (pair, plain):
+        for transform in (NStepReturns(n=3, gamma=0.9), Sequences(4, pad=True)):
+            # A dataset's map function is traced when the dataset is made.
+            read = lambda rb, t=transform: list(rb.as_dataset(8, transform=t).take(5).as_numpy_iterator())  # noqa: E731
+            assert same_tf(buffers, monkeypatch, read)

@@ -12,7 +12,9 @@
 * `windows_library()`: the NumPy twin's plan of padded windows (n-step
   returns, padded sequences) in one or two plain C calls, and its draw of
   strict windows through the episode index in two or three
-  (`core/native_windows.py`), where array ops take about 40 and 30 small calls.
+  (`core/native_windows.py`), where array ops take about 40 and 30 small calls;
+  `window_ops()`: the padded plan's two calls as TF ops, for the TF twin
+  (where it would otherwise call an XLA-compiled function of the same plan).
 
 A TF kernel is built against the installed TensorFlow's headers, once per
 TensorFlow version; the plain library needs no TensorFlow. Both go into
@@ -61,6 +63,12 @@ def sum_tree_ops() -> Any:
 def sum_tree_library() -> Any:
     """The same functions for NumPy arrays (ctypes, `kernels/sum_tree.cc`), or None."""
     return _once("sum_tree", _sum_tree_library)
+
+
+@tf.autograph.experimental.do_not_convert
+def window_ops() -> Any:
+    """The TF twin's padded-window plan as TF ops (`kernels/window_ops.cc`, over `windows.cc`), or None."""
+    return _once("window_ops", lambda: _op_library("window_ops.cc", "the window-plan ops", "using XLA instead"))
 
 
 def windows_library() -> Any:
@@ -175,7 +183,8 @@ def build(source: str, extra_flags: list[str], what: str, fallback: str) -> path
     # No floating-point contraction: sums must round exactly as the array-op fallback rounds them.
     flags = ["-shared", "-fPIC", "-O3", "-march=native", "-ffp-contract=off", "-w", *extra_flags]
     path = _KERNELS / source
-    text = path.read_bytes() + b"".join(h.read_bytes() for h in sorted(_KERNELS.glob("*.h")))
+    # Every kernel file counts: a source may include another (window_ops.cc includes windows.cc).
+    text = path.read_bytes() + b"".join(k.read_bytes() for k in sorted(_KERNELS.glob("*.[ch]*")))
     key = hashlib.sha256(text + " ".join([compiler, tf.__version__, _cpu(), *flags]).encode()).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("TFREPLAY_CACHE", pathlib.Path.home() / ".cache" / "tfreplay"))
     library = cache / f"{path.stem}-{key}.so"

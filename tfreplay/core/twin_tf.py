@@ -12,7 +12,9 @@ uniform ring windows, which read nothing but one atomic `num_adds`). XLA
 has no mutex: under `jit_compile` the caller must not race; XLA cannot
 raise either, so there an empty buffer's samples carry probability 0.
 Eager calls go through concrete functions traced once per shape. Draws
-through the episode index are compiled with XLA; frames are stacked by the
+through the episode index are compiled with XLA, except padded windows over
+rows (n-step returns, padded sequences of a uniform buffer), which two
+compiled ops plan (`kernels/window_ops.cc`); frames are stacked by the
 native kernel on CPU (`tfreplay.native`).
 """
 
@@ -28,6 +30,7 @@ from tfreplay import native
 from tfreplay.core import checkpoint, specs, stacks
 from tfreplay.core.api import BufferInfo
 from tfreplay.core.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
+from tfreplay.core.episodes import Shape
 from tfreplay.core.gate import Gate
 from tfreplay.core.ops import TF_OPS, under_xla
 from tfreplay.core.samplers.uniform import UniformSampler
@@ -362,7 +365,7 @@ class TFBuffer(ComposedBuffer):
         read, published by writers after their rows) and the generator: no
         lock. Other draws read several variables, so a draw that writes may
         overlap (`locked`) takes the lock; through the episode index the draw
-        is compiled with XLA.
+        is compiled with XLA (padded windows over rows: `_padded_plan`).
         """
 
         def draw() -> tuple:
@@ -370,9 +373,43 @@ class TFBuffer(ComposedBuffer):
             return (*self._sample_plan(size, num_steps, transform, view), view.num_adds)
 
         locked = locked and (self._windows(transform)[0] is not None or type(self._sampler) is not UniformSampler)
-        if self._windows(transform)[0] is not None:
+        if self._compiled_padded_plan(transform):
+            draw = lambda: self._padded_plan(size, transform)  # noqa: E731
+        elif self._windows(transform)[0] is not None:
             draw = self._eager.get(f"plan/{size}/{num_steps}/{transform!r}", draw, jit_compile=True)
         return locked_call(self._lock, draw) if locked else draw()
+
+    def _compiled_padded_plan(self, transform: Any) -> bool:
+        """Whether `_padded_plan` plans these windows here: a uniform sampler's padded windows over rows through
+        the episode index, on the CPU outside XLA, where the ops are built (decided while tracing)."""
+        return (
+            transform is not None
+            and transform.padded
+            and self._rule is not None
+            and type(self._sampler) is UniformSampler
+            and self._storage.window == Shape()
+            and not under_xla()
+            and stacks.on_cpu(self._pos)
+            and native.window_ops() is not None
+        )
+
+    def _padded_plan(self, size: int, transform: Any) -> tuple:
+        """`(read plan, ids, probabilities, count, num_adds)` of padded windows, from two compiled ops
+        (`kernels/window_ops.cc`), the NumPy twin's plan (`core/native_windows.py`): the same draws and plan
+        as `_sample_plan` computes in array ops (an XLA-compiled function here), in two op calls."""
+        kernels, n, length = native.window_ops(), int(transform.num_steps), self._max_length
+        num_adds = self._num_adds.read_value()
+        start, counts, total = kernels.tfreplay_padded_counts(
+            num_adds, self._newest.read_value(), max_length=length, num_steps=n
+        )
+        draws = self._draw([size], total)  # the random numbers the array-op path draws
+        segment, t, rows, ids, mask, last, last_rows = kernels.tfreplay_window_plan(
+            draws, counts, start, num_adds, self._pos.handle, num_steps=n, max_length=length
+        )
+        plan = self._storage.plan(segment, t, tf.transpose(rows), n, self._pos_at, TF_OPS)
+        mask = tf.transpose(mask)
+        planned = (plan, mask, last, rows[0], last_rows) if self._steps_of(transform) else (plan, mask)
+        return planned, ids, TF_OPS.probability([size], total), total, num_adds
 
     def _slack(self, plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
         """Per segment, how many items may be written after `num_adds` before one overwrites a row of `plan`,
@@ -387,14 +424,18 @@ class TFBuffer(ComposedBuffer):
         return tf.minimum(tf.math.unsorted_segment_min(ahead, segment, n), length)
 
     def _locked_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
-        """The draw and the read under the lock (ring windows), or an XLA-compiled draw and the read."""
+        """The draw and the read under the lock (ring windows), or a compiled draw (XLA, or `_padded_plan`'s ops)
+        and the read."""
         if self._windows(transform)[0] is None or under_xla():
             return locked_call(self._lock, lambda: self._read_sample(size, num_steps, transform))
-        plan = self._eager.get(
-            f"plan/{size}/{num_steps}/{transform!r}/locked",
-            lambda: self._sample_plan(size, num_steps, transform),
-            jit_compile=True,
-        )
+        if self._compiled_padded_plan(transform):
+            plan: Callable[[], tuple] = lambda: self._padded_plan(size, transform)[:4]  # noqa: E731
+        else:
+            plan = self._eager.get(
+                f"plan/{size}/{num_steps}/{transform!r}/locked",
+                lambda: self._sample_plan(size, num_steps, transform),
+                jit_compile=True,
+            )
 
         def call() -> tuple:
             read_plan, ids, probs, count = plan()
