@@ -19,8 +19,9 @@ this capacity / 10k. Target: at most 1.2. Beside them, without a target:
 the bare gather floor (no library code: 32 random windows of 80 items of
 one segment, every field, by `tf.gather` in one function call or NumPy
 `take`), whose ratio is what memory alone costs at that capacity, and each
-call's draw alone (window starts and read plan, no row read; a padded
-sequence's mask reads `pos` with the rows, so that read is not in its draw).
+call's draw alone (window starts and read plan, no row read; the NumPy
+twin's and the TF twin's padded windows over rows are planned in compiled
+code, mask included; the TF twin's strict windows by an XLA-compiled draw).
 
 n-step: `get_next(256, transform=NStepReturns(3, 0.99))` against the plain
 `get_next(256, num_steps=4)` of the same 100k buffer, alternating blocks;
@@ -101,9 +102,13 @@ def in_graph(rb, **kwargs):
 
 
 def sequence_draw(twin: str, rb, transform) -> Bench:
-    """The draw alone: window starts and the read plan, no row read (TF: compiled with XLA, as `get_next` does)."""
+    """The draw alone: window starts and the read plan, no row read, as `get_next` plans them (TF: compiled with
+    XLA, or padded windows over rows by the two window-plan ops, which read the mask's `pos` in the draw)."""
     if twin == "tf":
-        plan = tf.function(lambda: rb._sample_plan(BATCH, None, transform), autograph=False, jit_compile=True)
+        if rb._compiled_padded_plan(transform):
+            plan = tf.function(lambda: rb._padded_plan(BATCH, transform)[:4], autograph=False)
+        else:
+            plan = tf.function(lambda: rb._sample_plan(BATCH, None, transform), autograph=False, jit_compile=True)
         return Bench(plan.get_concrete_function())
     return Bench(lambda: rb._exclusive(lambda: rb._sample_plan(BATCH, None, transform)))
 
