@@ -67,10 +67,10 @@ class WindowPlanner:
     def sample(
         self, size: int, n: int, draw: Callable[[list, Any], Any], view: Callable[[], View], padded: bool = True
     ) -> tuple[tuple, Any, Any, Any, Any, Any]:
-        """`((step rows, mask, last, first rows, last rows), segment, t, ids, probabilities, count)` of `size`
-        windows of `n` items (padded, or strict: `draws_strict` must hold), drawn as the sampler draws them:
-        `draw` is the twin's random draw (`_draw`), `view()` what the sampler draws from. The rows and mask are
-        `[size, n]`, laid out time-major (`[n, size]` in memory) as the array-op path lays them out."""
+        """`((step rows, mask, last, last rows), segment, t, ids, probabilities, count)` of `size` windows of
+        `n` items (padded, or strict: `draws_strict` must hold), drawn as the sampler draws them: `draw` is the
+        twin's random draw (`_draw`), `view()` what the sampler draws from. The rows and mask are `[n, size]`
+        (time-major, as `SamplePath._compiled_windows` takes them)."""
         length, segments = self._layout
         # The int64 outputs and scratch in one block (an allocation costs more than the kernel's work on it):
         # segment, t, ids, last, last rows, then the rows `[n, size]`, then per segment `start` and `counts`.
@@ -95,7 +95,7 @@ class WindowPlanner:
         pos = self._pos if padded else None  # a strict window is one episode's: only the stored check is left
         self._plan(*located, *at[:2], *shape, self._num_adds, pos, rows_at, at[2], address(mask), *at[3:])
         rows = block[5 * size : (5 + n) * size].reshape(n, size)
-        return (rows.T, mask.T, last, rows[0], last_rows), segment, t, ids, probs, count
+        return (rows, mask, last, last_rows), segment, t, ids, probs, count
 
     def starts(self, size: int, n: int, draw: Callable[[list, Any], Any]) -> tuple[Any, Any, Any, Any]:
         """`(segment, t, probabilities, count)` of `size` strict windows of `n` items, as

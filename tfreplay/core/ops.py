@@ -121,6 +121,7 @@ NUMPY_OPS = types.SimpleNamespace(
     to_float64=lambda x: np.asarray(x, np.float64),
     max=np.max,
     reshape=np.reshape,
+    transpose=lambda x: x.T,  # a view
     # `[B, n]` window ids `t + k`, laid out time-major (a transposed view): NumPy broadcasts and reduces slowly
     # over a short innermost axis, and elementwise results keep the layout.
     window_ids=lambda t, n: (t + np.arange(n, dtype=np.int64)[:, None]).T,
@@ -163,6 +164,7 @@ TF_OPS = types.SimpleNamespace(
     to_float64=lambda x: tf.cast(x, tf.float64),
     max=tf.reduce_max,
     reshape=tf.reshape,
+    transpose=tf.transpose,
     window_ids=lambda t, n: t[:, None] + tf.range(n, dtype=tf.int64)[None, :],  # XLA lays out the rest
     zeros_like=tf.zeros_like,
     ones_like=tf.ones_like,

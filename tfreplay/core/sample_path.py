@@ -70,6 +70,17 @@ class SamplePath(ReplayBuffer):
         last_rows = ring.rows_of(t + last, segment, *layout)
         return (plan, mask, last, step_rows[:, 0], last_rows), ids, probs, count
 
+    def _compiled_windows(
+        self, segment: Any, t: Any, rows: Any, mask: Any, last: Any, last_rows: Any, transform: Any
+    ) -> tuple:
+        """The read plan of a transform's windows planned in compiled code (either twin): `rows` and `mask`
+        time-major (`[num_steps, size]`, as the array-op path lays them out in memory), `last` each window's
+        last real step and `last_rows` its row; what `_sample_plan` returns for them."""
+        n, pos_at = rows.shape[0], self._pos_at if self._rule is not None else None
+        plan = self._storage.plan(segment, t, self._ops.transpose(rows), n, pos_at, self._ops)
+        mask = self._ops.transpose(mask)
+        return (plan, mask, last, rows[0], last_rows) if self._steps_of(transform) else (plan, mask)
+
     def _read_planned(self, plan: Any, num_steps: int | None, transform: Any = None) -> Any:
         """The bulk read of a plan: items, or with a transform `(items, mask)`."""
         if transform is None:

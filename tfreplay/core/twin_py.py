@@ -213,16 +213,14 @@ class PyBuffer(ComposedBuffer):
         planner = self._window_planner() if view is None and (padded or window is not None) else None
         if planner is None or not (padded or planner.draws_strict):
             return super()._sample_plan(size, num_steps, transform, view)
-        pos_at = self._pos_at if self._rule is not None else None
         if transform is None:  # strict windows of `num_steps` items (or single items) through the index
             segment, t, probs, count = planner.starts(size, num_steps or 1, self._draw)
             step_rows, ids = ring.window_rows(segment, t, num_steps, self._max_length, self._num_segments, self._ops)
-            return self._storage.plan(segment, t, step_rows, num_steps, pos_at, self._ops), ids, probs, count
+            return self._storage.plan(segment, t, step_rows, num_steps, self._pos_at, self._ops), ids, probs, count
         n = int(transform.num_steps)
         planned = planner.sample(size, n, self._draw, lambda: self._view(transform), padded)
-        (rows, mask, *at), segment, t, ids, probs, count = planned
-        plan = self._storage.plan(segment, t, rows, n, pos_at, self._ops)
-        return ((plan, mask, *at) if self._steps_of(transform) else (plan, mask)), ids, probs, count
+        (rows, mask, last, last_rows), segment, t, ids, probs, count = planned
+        return self._compiled_windows(segment, t, rows, mask, last, last_rows, transform), ids, probs, count
 
     def _window_planner(self) -> WindowPlanner | None:
         """The compiled window plan of this buffer, or None without the kernel (looked up once)."""

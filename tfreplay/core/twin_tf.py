@@ -406,9 +406,7 @@ class TFBuffer(ComposedBuffer):
         segment, t, rows, ids, mask, last, last_rows = kernels.tfreplay_window_plan(
             draws, counts, start, num_adds, self._pos.handle, num_steps=n, max_length=length
         )
-        plan = self._storage.plan(segment, t, tf.transpose(rows), n, self._pos_at, TF_OPS)
-        mask = tf.transpose(mask)
-        planned = (plan, mask, last, rows[0], last_rows) if self._steps_of(transform) else (plan, mask)
+        planned = self._compiled_windows(segment, t, rows, mask, last, last_rows, transform)
         return planned, ids, TF_OPS.probability([size], total), total, num_adds
 
     def _slack(self, plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
