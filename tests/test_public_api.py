@@ -1,0 +1,102 @@
+"""The public API, pinned: every exported name and every public constructor and method signature.
+
+`api_snapshot.json` (beside this file) is the API as released. A change that
+adds, removes or re-signs a public name fails here until the snapshot is
+rewritten on purpose: `python tests/test_public_api.py --write`.
+Parameters are pinned by name, kind and default (annotations may be reworded).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import pathlib
+import sys
+
+SNAPSHOT = pathlib.Path(__file__).with_name("api_snapshot.json")
+# The namespaces users import from, and what each exports.
+NAMESPACES = {
+    "tfreplay": None,  # its __all__
+    "tfreplay.compat.tf_agents": None,
+    "tfreplay.compat.tf_agents.replay_buffers": None,
+    "tfreplay.compat.tf_agents.replay_buffers.replay_buffer": ["ReplayBuffer", "BufferInfo"],
+    "tfreplay.compat.tf_agents.replay_buffers.tf_uniform_replay_buffer": ["TFUniformReplayBuffer", "BufferInfo"],
+    "tfreplay.compat.tf_agents.replay_buffers.py_uniform_replay_buffer": ["PyUniformReplayBuffer"],
+}
+
+
+def _default(value) -> str:
+    if value is inspect.Parameter.empty:
+        return "<required>"
+    return repr(value) if isinstance(value, (int, float, str, bool, type(None), tuple)) else type(value).__name__
+
+
+def _signature(fn) -> list | None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    return [[p.name, p.kind.name, _default(p.default)] for p in signature.parameters.values()]
+
+
+def _ours(owner: type) -> bool:
+    return owner.__module__.split(".")[0] == "tfreplay"
+
+
+def _members(cls: type) -> dict:
+    """Public methods and properties defined by tfreplay classes in `cls`'s MRO (TF's own are TF's to keep)."""
+    out: dict = {}
+    for owner in reversed(cls.__mro__):
+        if not _ours(owner):
+            continue
+        for name, value in vars(owner).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, property):
+                out[name] = "property"
+            elif isinstance(value, (staticmethod, classmethod)):
+                out[name] = _signature(value.__func__)
+            elif inspect.isfunction(value):
+                out[name] = _signature(value)
+    return dict(sorted(out.items()))
+
+
+def _describe(value) -> dict:
+    if inspect.ismodule(value):
+        return {"kind": "module"}
+    if inspect.isclass(value):
+        described: dict = {"kind": "class"}
+        if _ours(value):
+            described["init"] = _signature(value)
+            described["members"] = _members(value)
+            if issubclass(value, tuple) and hasattr(value, "_fields"):
+                described["fields"] = list(value._fields)
+        return described
+    if callable(value):
+        return {"kind": "function", "signature": _signature(value)}
+    return {"kind": type(value).__name__}
+
+
+def snapshot() -> dict:
+    out = {}
+    for name, exported in NAMESPACES.items():
+        module = importlib.import_module(name)
+        names = sorted(module.__all__ if exported is None else exported)
+        out[name] = {n: _describe(getattr(module, n)) for n in names}
+    return out
+
+
+def test_the_public_api_matches_its_snapshot():
+    want = json.loads(SNAPSHOT.read_text())
+    got = json.loads(json.dumps(snapshot()))
+    assert sorted(got) == sorted(want)
+    for namespace in want:
+        assert sorted(got[namespace]) == sorted(want[namespace]), namespace
+        for name in want[namespace]:
+            assert got[namespace][name] == want[namespace][name], f"{namespace}.{name} changed"
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    SNAPSHOT.write_text(json.dumps(snapshot(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {SNAPSHOT}")
