@@ -19,8 +19,8 @@ $(STAMP): setup.py | $(VENV)/bin/python
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials compat_tests
-	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials/build_notebooks.py compat_tests
+	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials
+	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials/build_notebooks.py
 	$(PY) -m mypy tfreplay
 
 test: $(STAMP) lint
@@ -48,20 +48,20 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed-compat
 # TF-Agents' replay-buffer tests, run from the installed wheel (found without importing tf_agents).
 TFA_DIR = $(shell $(COMPAT_PY) -c "import importlib.util as u; print(u.find_spec('tf_agents').submodule_search_locations[0])")/replay_buffers
 
-$(COMPAT_STAMP): compat_tests/requirements.txt
+$(COMPAT_STAMP): tests/compat/requirements.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PY) -m pip install --quiet --upgrade pip
-	$(COMPAT_PY) -m pip install --quiet -r compat_tests/requirements.txt
+	$(COMPAT_PY) -m pip install --quiet -r tests/compat/requirements.txt
 	$(COMPAT_PY) -m pip install --quiet dm-reverb==0.14.0 || echo "dm-reverb 0.14.0 did not install: bench-peers skips it"
 	touch $(COMPAT_STAMP)
 
-# TF-Agents' own tests against tfreplay.compat (imports redirected by compat_tests/redirect.py), the interop
+# TF-Agents' own tests against tfreplay.compat (imports redirected by tests/compat/redirect.py), the interop
 # tests, then tfreplay's suite on TF 2.15: one pytest run, one summary line.
 test-compat: $(COMPAT_STAMP)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
-	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m pytest -q -c compat_tests/pytest.ini --rootdir=$(CURDIR) -k "not WithHashing" \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) -k "not WithHashing" \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
-		compat_tests tests
+		tests
 
 bench-peers: $(COMPAT_STAMP)
 	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.peers

@@ -1,8 +1,9 @@
-"""Install tfreplay: `pip install .` (add `[test]`, `[examples]`, `[ray]`, `[bench]` or `[dev]`)."""
+"""Install tfreplay: `pip install .` (add `[rl]`, `[examples]`, `[ray]`, `[test]`, `[bench]` or `[dev]`)."""
 
 from setuptools import find_packages, setup
 
-EXAMPLES = ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
+RL = ["gymnasium>=1.0", "tf-keras>=2.15", "absl-py>=1.0"]  # tfreplay.rl: drivers, agents, training
+EXAMPLES = RL + ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
 RAY = ["ray==2.60.0"]  # tfreplay.distributed, the sharded replay service (imported only there)
 TEST = [
     "pytest>=7",
@@ -23,16 +24,14 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfreplay", "tfreplay.*"]),
-    package_data={"tfreplay": ["kernels/*.cc", "kernels/*.h"]},  # native kernels, compiled on first use
+    package_data={"tfreplay": ["native/kernels/*.cc", "native/kernels/*.h"]},  # native kernels, compiled on first use
     python_requires=">=3.9",
     install_requires=[
         "tensorflow>=2.15",
-        "tf-keras>=2.15",
         "numpy>=1.23",
-        "gymnasium>=1.0",
-        "absl-py>=1.0",
     ],
     extras_require={
+        "rl": RL,
         "test": TEST,
         "examples": EXAMPLES,
         "ray": RAY,

@@ -50,7 +50,7 @@ from tfreplay import (  # noqa: E402
     TFUniformReplayBuffer,
     frame_data_spec,
 )
-from tfreplay.core.episodes import POS_BINS  # noqa: E402
+from tfreplay._src.episodes import POS_BINS  # noqa: E402
 
 SEGMENTS, ROWS, BATCH, HISTORY, EPISODE = 4, 5_000, 32, 4, 500
 GB = 1e9

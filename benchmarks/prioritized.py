@@ -49,15 +49,15 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import report, timing  # noqa: E402
 from benchmarks.cases import add_overlap_flag, graph_loop, repeat, set_overlap  # noqa: E402
 from benchmarks.run import _freeze_heap, _load, machine_facts  # noqa: E402
+from tfreplay._src.ops import NUMPY_OPS, TF_OPS  # noqa: E402
+from tfreplay._src.samplers.prioritized import PrioritizedSampler  # noqa: E402
+from tfreplay._src.twin_py import PyBuffer  # noqa: E402
+from tfreplay._src.twin_tf import TFBuffer  # noqa: E402
 from tfreplay.buffers import (  # noqa: E402
     PyUniformReplayBuffer,
     TFUniformReplayBuffer,
     rows_storage,
 )
-from tfreplay.core.ops import NUMPY_OPS, TF_OPS  # noqa: E402
-from tfreplay.core.samplers.prioritized import PrioritizedSampler  # noqa: E402
-from tfreplay.core.twin_py import PyBuffer  # noqa: E402
-from tfreplay.core.twin_tf import TFBuffer  # noqa: E402
 
 SEGMENTS, LENGTH, SAMPLE, ALPHA = 16, 65536, 256, 0.6
 SPEC = {

@@ -47,8 +47,8 @@ from benchmarks.cases import add_overlap_flag, graph_loop, set_overlap  # noqa: 
 from benchmarks.report import format_table  # noqa: E402
 from benchmarks.timing import Bench, compare  # noqa: E402
 from tfreplay import NStepReturns, PyUniformReplayBuffer, Sequences, TFUniformReplayBuffer  # noqa: E402
-from tfreplay.core.episodes import POS_BINS  # noqa: E402
-from tfreplay.drivers import Transition  # noqa: E402
+from tfreplay._src.episodes import POS_BINS  # noqa: E402
+from tfreplay.rl.drivers import Transition  # noqa: E402
 
 SEGMENTS, EPISODE, LOOP = 4, 500, 50
 BATCH, STEPS = 32, 80  # sequences: get_next(BATCH, transform=Sequences(STEPS))

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from examples import demo  # noqa: E402,F401  (its --steps and --env_id flags)
-from tfreplay.training import DqnConfig, train_dqn  # noqa: E402
+from tfreplay.rl.training import DqnConfig, train_dqn  # noqa: E402
 
 # What each variant changes in DqnConfig; everything else is the demo's default.
 VARIANTS = {

@@ -25,7 +25,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import gymnasium as gym  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
-from tfreplay.training import DqnConfig, train_dqn  # noqa: E402
+from tfreplay.rl.training import DqnConfig, train_dqn  # noqa: E402
 
 _DEFAULTS = DqnConfig()
 

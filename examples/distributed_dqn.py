@@ -34,10 +34,11 @@ from absl import app, flags, logging  # noqa: E402
 
 import tfreplay  # noqa: E402
 from tfreplay import distributed  # noqa: E402
-from tfreplay.agents import DqnAgent, make_q_network  # noqa: E402
-from tfreplay.drivers import make_vector_env, space_spec, transition_spec  # noqa: E402
-from tfreplay.policies import EpsilonGreedyPolicy  # noqa: E402
-from tfreplay.training import evaluate  # noqa: E402
+from tfreplay.rl import collectors  # noqa: E402
+from tfreplay.rl.agents import DqnAgent, make_q_network  # noqa: E402
+from tfreplay.rl.drivers import make_vector_env, space_spec, transition_spec  # noqa: E402
+from tfreplay.rl.policies import EpsilonGreedyPolicy  # noqa: E402
+from tfreplay.rl.training import evaluate  # noqa: E402
 
 flags.DEFINE_integer("num_collectors", 4, "Collector actors.")
 flags.DEFINE_integer("num_shards", 2, "Replay shard actors.")
@@ -128,9 +129,9 @@ class Learner:
             spec.observation, num_actions, q_network=net, optimizer=tf_keras.optimizers.Adam(5e-4),
             target_update_period=500, gradient_clipping=10.0,
         )  # fmt: skip
-        self.store = ray.remote(distributed.WeightStore).options(num_cpus=0).remote()
+        self.store = ray.remote(collectors.WeightStore).options(num_cpus=0).remote()
         self.store.set.remote(self.agent.q_network.get_weights(), 0)
-        self.collectors = distributed.start_collectors(
+        self.collectors = collectors.start_collectors(
             self.rb.shards, FLAGS.num_collectors, functools.partial(make_vector_env, FLAGS.env_id, FLAGS.num_envs),
             functools.partial(ActorPolicy, num_collectors=FLAGS.num_collectors, seed=FLAGS.seed),
             weights=self.store, pull_every=FLAGS.pull_every, seed=FLAGS.seed,

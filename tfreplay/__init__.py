@@ -1,8 +1,27 @@
 """tfreplay: TensorFlow-native experience replay.
 
-The public API; everything else is an implementation detail.
+The public API. Beside it: `tfreplay.transforms`, `tfreplay.samplers`,
+`tfreplay.rate_limiting` and `tfreplay.compose` (a new sampler or storage);
+`tfreplay.rl` (drivers, agents, training; the `rl` extra), `tfreplay.compat`
+(TF-Agents, tensorpack and fastrl adapters) and `tfreplay.distributed` (the
+Ray service; the `ray` extra). `import tfreplay` loads none of those extras.
 """
 
+from typing import Any
+
+from tfreplay._src.api import BufferInfo, ReplayBuffer
+from tfreplay._src.episodes import EpisodeRule
+from tfreplay._src.rate_limiter import (
+    BufferClosedError,
+    MinSize,
+    RateLimiter,
+    RateLimiterInfo,
+    RateLimitTimeoutError,
+    SampleToInsertRatio,
+)
+from tfreplay._src.samplers.prioritized import PrioritizedSampler
+from tfreplay._src.samplers.uniform import UniformSampler
+from tfreplay._src.storage import frame_data_spec
 from tfreplay.buffers import (
     PyFrameReplayBuffer,
     PyPrioritizedFrameReplayBuffer,
@@ -14,21 +33,6 @@ from tfreplay.buffers import (
     TFUniformReplayBuffer,
     importance_weights,
 )
-from tfreplay.core.api import BufferInfo, ReplayBuffer
-from tfreplay.core.episodes import EpisodeRule
-from tfreplay.core.rate_limiter import (
-    BufferClosedError,
-    MinSize,
-    RateLimiter,
-    RateLimiterInfo,
-    RateLimitTimeoutError,
-    SampleToInsertRatio,
-)
-from tfreplay.core.samplers.prioritized import PrioritizedSampler
-from tfreplay.core.samplers.uniform import UniformSampler
-from tfreplay.core.storage import frame_data_spec
-from tfreplay.experience_replay import ExperienceReplay
-from tfreplay.expreplay import ExpReplay
 from tfreplay.transforms import NStepReturns, Sequences, Transform, sequence_priorities
 
 __version__ = "0.1.0"
@@ -62,3 +66,14 @@ __all__ = [
     "importance_weights",
     "sequence_priorities",
 ]
+
+# The seed adapters load on first use: tensorpack's ExpReplay runs gymnasium environments.
+_LAZY = {"ExpReplay": "tfreplay.compat.tensorpack", "ExperienceReplay": "tfreplay.compat.fastrl"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tfreplay' has no attribute {name!r}")

@@ -23,15 +23,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfreplay.core import specs
-from tfreplay.core.episodes import EpisodeRule
-from tfreplay.core.rate_limiter import RateLimiter
-from tfreplay.core.samplers.prioritized import PrioritizedSampler
-from tfreplay.core.samplers.uniform import UniformSampler
-from tfreplay.core.specs import Nest
-from tfreplay.core.storage import FrameStorage, RowStorage
-from tfreplay.core.twin_py import PyBuffer
-from tfreplay.core.twin_tf import TFBuffer
+from tfreplay._src import specs
+from tfreplay._src.episodes import EpisodeRule
+from tfreplay._src.rate_limiter import RateLimiter
+from tfreplay._src.samplers.prioritized import PrioritizedSampler
+from tfreplay._src.samplers.uniform import UniformSampler
+from tfreplay._src.specs import Nest
+from tfreplay._src.storage import FrameStorage, RowStorage
+from tfreplay._src.twin_py import PyBuffer
+from tfreplay._src.twin_tf import TFBuffer
 
 
 def rows_storage(buffer: Any, make: Any) -> RowStorage:

@@ -40,51 +40,19 @@ cross the write head.
 
 from __future__ import annotations
 
-import abc
 import collections.abc
 import dataclasses
 import functools
 import math
 import types
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.core.ops import NUMPY_OPS
-from tfreplay.core.specs import Nest
-
-
-class Window(NamedTuple):
-    """Time-stacked windows and which of their steps are real.
-
-    Attributes:
-      items: the stored items' nest, each leaf `[B, T, ...]` (zeros where `mask` is False).
-      mask: `[B, T]` bool: True on real steps of the episode of the window's first item.
-    """
-
-    items: Any
-    mask: Any
-
-
-class Transform(abc.ABC):
-    """Maps sampled windows to what a learner reads; see the module docstring."""
-
-    num_steps: int
-    padded: bool
-
-    @abc.abstractmethod
-    def output_spec(self, item_spec: Nest) -> Nest:
-        """The spec of one output for sampled items of `item_spec`; raises on items it cannot use."""
-
-    @abc.abstractmethod
-    def __call__(self, items: Nest, mask: Any, ops: Any) -> Nest:
-        """Outputs `[B, ...]` of windows `items` `[B, T, ...]` with their `[B, T]` mask."""
-
-    def steps(self, item_spec: Nest) -> dict[str, str]:
-        """Top-level fields read at one step only, `{name: "first" or "last"}`; see the module docstring."""
-        return {}
-
+from tfreplay._src.ops import NUMPY_OPS
+from tfreplay._src.specs import Nest
+from tfreplay._src.transform import Transform, Window, _fields, _get, _replace, pad
 
 # Operations the core's `ops` namespaces do not need, for NumPy arrays and tensors.
 _NP = types.SimpleNamespace(  # ufunc reductions: the `sum` and `prod` methods cost a microsecond more per call
@@ -107,33 +75,6 @@ _TF = types.SimpleNamespace(
 )
 
 
-def pad(items: Nest, mask: Any, ops: Any) -> Nest:
-    """Windows `[B, T, ...]` with zeros wherever `mask` (`[B, T]`) is False."""
-
-    def zero(x: Any) -> Any:
-        keep = ops.reshape(mask, list(mask.shape) + [1] * (len(x.shape) - 2))
-        return ops.where(keep, x, ops.zeros_like(x))
-
-    return tf.nest.map_structure(zero, items)
-
-
-def leaf_steps(transform: Transform, item_spec: Nest) -> list:
-    """Per leaf of `item_spec` (`tf.nest.flatten` order), the step `transform` reads it at: "first",
-    "last" or None (the whole window); empty when it reads every field whole. See `Transform.steps`."""
-    steps = transform.steps(item_spec)
-    if not steps:
-        return []
-    fields = _fields(type(transform).__name__, item_spec)
-    bad = {f: s for f, s in steps.items() if f not in fields or s not in ("first", "last")}
-    if bad:
-        raise ValueError(
-            f"{type(transform).__name__}.steps: {bad} must map fields of the sampled item ({sorted(fields)}) "
-            "to 'first' or 'last'."
-        )
-    marked = _replace(item_spec, {f: tf.nest.map_structure(lambda _, s=s: s, fields[f]) for f, s in steps.items()})
-    return [x if isinstance(x, str) else None for x in tf.nest.flatten(marked)]
-
-
 @functools.lru_cache(maxsize=64)
 def _powers(gamma: float, n: int, dtype: Any) -> np.ndarray:
     """`gamma ** [0, ..., n]` in `dtype`, made once per transform and dtype."""
@@ -142,25 +83,6 @@ def _powers(gamma: float, n: int, dtype: Any) -> np.ndarray:
 
 def _arrays(ops: Any) -> types.SimpleNamespace:
     return _NP if ops is NUMPY_OPS else _TF
-
-
-def _fields(where: str, item_spec: Nest) -> dict:
-    """The top-level fields of a mapping or NamedTuple item spec, by name."""
-    if isinstance(item_spec, collections.abc.Mapping):
-        return dict(item_spec)
-    if hasattr(item_spec, "_fields"):
-        return dict(zip(item_spec._fields, item_spec))
-    raise TypeError(f"{where}: the sampled item ({type(item_spec).__name__}) must be a mapping or a NamedTuple.")
-
-
-def _get(items: Any, name: str) -> Any:
-    return items[name] if isinstance(items, collections.abc.Mapping) else getattr(items, name)
-
-
-def _replace(items: Any, values: dict) -> Any:
-    if isinstance(items, collections.abc.Mapping):
-        return {**items, **values}
-    return items._replace(**values)
 
 
 def _check_int(where: str, name: str, value: Any, least: int) -> None:

@@ -281,11 +281,11 @@ import numpy as np
 import tf_keras
 
 import tfreplay
-from tfreplay.agents import DqnAgent, make_q_network
-from tfreplay.drivers import StepDriver, make_vector_env
-from tfreplay.observers import AverageReturn, StepsPerSecond
-from tfreplay.policies import RandomPolicy
-from tfreplay.training import DqnConfig, evaluate, linear_epsilon, train_dqn
+from tfreplay.rl.agents import DqnAgent, make_q_network
+from tfreplay.rl.drivers import StepDriver, make_vector_env
+from tfreplay.rl.observers import AverageReturn, StepsPerSecond
+from tfreplay.rl.policies import RandomPolicy
+from tfreplay.rl.training import DqnConfig, evaluate, linear_epsilon, train_dqn
 
 tf_keras.utils.set_random_seed(0)""",
     ),
@@ -415,7 +415,7 @@ plt.show()""",
         """\
 ## The whole recipe in one call
 
-`tfreplay.training.train_dqn` is the loop above plus greedy evaluations every 2,500 steps
+`tfreplay.rl.training.train_dqn` is the loop above plus greedy evaluations every 2,500 steps
 (keeping the best weights, and stopping early once one reaches CartPole's reward threshold
 of 475), checkpoints you can resume from (`output_dir=..., resume=True`), TensorBoard
 summaries and a progress bar. It is what `python -m examples.demo` runs, and it is
@@ -479,10 +479,10 @@ import tensorflow as tf
 import tf_keras
 
 import tfreplay
-from tfreplay.agents import DqnAgent, make_q_network
-from tfreplay.drivers import StepDriver, make_vector_env
-from tfreplay.policies import RandomPolicy
-from tfreplay.training import train_dqn
+from tfreplay.rl.agents import DqnAgent, make_q_network
+from tfreplay.rl.drivers import StepDriver, make_vector_env
+from tfreplay.rl.policies import RandomPolicy
+from tfreplay.rl.training import train_dqn
 
 tf_keras.utils.set_random_seed(0)""",
     ),
@@ -556,7 +556,7 @@ for beta in (0.0, 0.4, 1.0):
 `agent.train(items, weights)` scales each sample's Huber loss by its weight and returns
 each sample's `|TD error|` in `LossInfo.abs_td_errors`: the new priorities. The whole step
 is one graph: weights, gradient step and `update_priorities` (an update for an item that
-was overwritten meanwhile is ignored). `tfreplay.learner.prioritized_train_step` is these
+was overwritten meanwhile is ignored). `tfreplay.rl.learner.prioritized_train_step` is these
 lines.""",
     ),
     (

@@ -12,19 +12,20 @@
     rb.close()
 
 `rate_limiter=` (a `SampleToInsertRatio` or `MinSize`) limits the whole
-service at once (`limiter.py`). `collectors.py` runs drivers in Ray actors
-that pull policy weights from a `WeightStore`. Needs the `ray` extra
-(`pip install tfreplay[ray]`); `import tfreplay` never imports Ray.
+service at once (`limiter.py`). Collectors that run drivers in Ray actors
+and pull policy weights are an RL application's part: `tfreplay.rl.collectors`.
+Needs the `ray` extra; `import tfreplay` never imports Ray.
 """
 
 try:
     import ray  # noqa: F401
 except ImportError as err:  # pragma: no cover (the ray extra is part of the test extra)
-    raise ImportError("tfreplay.distributed needs Ray: pip install 'tfreplay[ray]'.") from err
+    raise ImportError(
+        "tfreplay.distributed needs Ray: install tfreplay with its ray extra (pip install '.[ray]')."
+    ) from err
 
 from tfreplay.distributed import ids
 from tfreplay.distributed.client import ReplayClient, Shards
-from tfreplay.distributed.collectors import Collector, WeightStore, start_collectors
 from tfreplay.distributed.service import start_service
 
-__all__ = ["Collector", "ReplayClient", "Shards", "WeightStore", "ids", "start_collectors", "start_service"]
+__all__ = ["ReplayClient", "Shards", "ids", "start_service"]

@@ -28,11 +28,11 @@ import numpy as np
 import ray
 import tensorflow as tf
 
-from tfreplay.core import specs
-from tfreplay.core.api import ReplayBuffer
-from tfreplay.core.buffer import check_priorities
-from tfreplay.core.rate_limiter import BufferClosedError
-from tfreplay.core.specs import Nest
+from tfreplay._src import specs
+from tfreplay._src.api import ReplayBuffer
+from tfreplay._src.buffer import check_priorities
+from tfreplay._src.rate_limiter import BufferClosedError
+from tfreplay._src.specs import Nest
 from tfreplay.distributed import ids as service_ids
 from tfreplay.distributed.sampling import Sampling
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfreplay.core.rate_limiter import RateLimiter
+from tfreplay._src.rate_limiter import RateLimiter
 
 _WHERE = {"insert": "add_batch", "sample": "get_next"}
 

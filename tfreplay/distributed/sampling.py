@@ -18,8 +18,8 @@ import numpy as np
 import ray
 import tensorflow as tf
 
-from tfreplay.core.api import BufferInfo
-from tfreplay.core.specs import Nest
+from tfreplay._src.api import BufferInfo
+from tfreplay._src.specs import Nest
 from tfreplay.distributed import ids as service_ids
 
 _REDRAWS = 16  # requests redrawn when a chosen shard had nothing left to draw

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.core import specs
+from tfreplay._src import specs
 
 _LAST_ID = "/_last_id/.ATTRIBUTES/VARIABLE_VALUE"
 _WHERE = "restore_tf_agents_checkpoint"

@@ -15,9 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay import buffers
+from tfreplay._src import specs
+from tfreplay._src.specs import Nest
 from tfreplay.compat.tf_agents.replay_buffers import replay_buffer
-from tfreplay.core import specs
-from tfreplay.core.specs import Nest
 
 __all__ = ["PyUniformReplayBuffer"]
 

@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay.core.api import BufferInfo
-from tfreplay.core.specs import Nest
+from tfreplay._src.api import BufferInfo
+from tfreplay._src.specs import Nest
 
 __all__ = ["BufferInfo", "ReplayBuffer"]
 

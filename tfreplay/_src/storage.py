@@ -1,0 +1,168 @@
+"""Storage: where items live, in preallocated arrays of `num_rows` rows.
+
+`RowStorage` keeps one array per spec leaf, `[num_rows, *shape]`, and
+returns rows as they were written. `FrameStorage` keeps each frame of an
+Atari-style stream once and returns `observation`/`next_observation`
+history stacks assembled at read time (see `stacks.py`).
+
+A storage is twin-agnostic: its arrays come from the twin's `make(name,
+shape, dtype)` (`tf.Variable`s or NumPy arrays) and every operation goes
+through an `ops` namespace. Reading a sample takes two steps: `plan`, cheap
+index math (compiled with the draw), and `read`, the bulk copy.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tfreplay._src import episodes, ring, specs
+from tfreplay._src.specs import Nest
+
+_RESERVED = ("frame", "first")
+_STACKS = ("observation", "next_observation")
+Make = Callable[[str, list, tf.DType], Any]
+
+
+def spec_nbytes(data_spec: Nest) -> int:
+    """Bytes one item of `data_spec` takes."""
+    return sum(s.shape.num_elements() * s.dtype.size for s in tf.nest.flatten(data_spec))
+
+
+class RowStorage:
+    """One array per spec leaf; an item is one row of each."""
+
+    window = episodes.Shape(lead=0, history=0)
+
+    def __init__(self, data_spec: Nest, paths: list[str], num_rows: int, make: Make, prefix: str = "storage"):
+        self.data_spec = data_spec
+        self.arrays = [
+            make(f"{prefix}/{path}", [num_rows] + s.shape.as_list(), s.dtype)
+            for s, path in zip(tf.nest.flatten(data_spec), paths)
+        ]
+        self.by_path = dict(zip(paths, self.arrays))
+
+    @property
+    def item_spec(self) -> Nest:
+        """The spec of one sampled item."""
+        return self.data_spec
+
+    def write(self, rows: Any, leaves: list, ops: Any) -> list:
+        return [ops.scatter(a, rows, x) for a, x in zip(self.arrays, leaves)]
+
+    def plan(self, segment: Any, t: Any, step_rows: Any, num_steps: int | None, pos_at: Callable, ops: Any) -> Any:
+        return step_rows
+
+    def read(self, plan: Any, num_steps: int | None, ops: Any) -> Nest:
+        return tf.nest.pack_sequence_as(self.data_spec, [ops.gather(a, plan) for a in self.arrays])
+
+    def read_leaves(self, rows: list, ops: Any) -> Nest:
+        """Each leaf at its own rows (`rows[i]` for leaf `i`): what a transform reads at one step only."""
+        return tf.nest.pack_sequence_as(self.data_spec, [ops.gather(a, r) for a, r in zip(self.arrays, rows)])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(a) for a in self.arrays)
+
+
+class FrameStorage:
+    """Each frame once; samples show `history_len`-frame stacks (zeros before an episode's first frame).
+
+    Row `t` holds the frame the environment returned at that step and the
+    step's other entries (action, reward, ...); `first` marks an episode's
+    first frame (from a reset), which is not a transition. The transition of
+    row `t` shows frames `t - history_len .. t - 1` as its observation and
+    `t - history_len + 1 .. t` as its next observation. One extra row, never
+    written, holds zeros: frames older than an episode's first read it.
+    """
+
+    def __init__(
+        self,
+        data_spec: Nest,
+        max_length: int,
+        num_segments: int,
+        history_len: int,
+        make: Make,
+        stacks: Callable,
+        where: str,
+    ):
+        frame, extras = split_frame_spec(where, data_spec)
+        self.row_spec, self.frame_spec, self.extras_spec = dict(data_spec), frame, extras
+        self.history_len = history_len
+        self.window = episodes.Shape(lead=1, history=history_len)
+        self.num_layout = (max_length, num_segments)
+        num_rows = self.zero_row = max_length * num_segments
+        self.frames = make("storage/frame", [num_rows + 1] + frame.shape.as_list(), frame.dtype)
+        extras_paths = specs.leaf_paths(extras) if extras else []
+        self.extras = RowStorage(extras, extras_paths, num_rows, make) if extras else None
+        self.stacks = stacks
+
+    @property
+    def item_spec(self) -> dict:
+        stack = tf.TensorSpec(self.frame_spec.shape.as_list() + [self.history_len], self.frame_spec.dtype)
+        return {"observation": stack, "next_observation": stack, **self.extras_spec}
+
+    def write(self, rows: Any, leaves: list, ops: Any) -> list:
+        row = tf.nest.pack_sequence_as(self.row_spec, leaves)
+        extras = tf.nest.flatten({k: row[k] for k in self.extras_spec})
+        updates = [ops.scatter(self.frames, rows, row["frame"])]
+        return updates + (self.extras.write(rows, extras, ops) if self.extras else [])
+
+    def plan(self, segment: Any, t: Any, step_rows: Any, num_steps: int | None, pos_at: Callable, ops: Any) -> Any:
+        """Frame rows `[B, history_len + n]` of the windows at `t`, and their step rows."""
+        h, n = self.history_len, num_steps or 1
+        length, segments = self.num_layout
+        # The first item's episode: a padded window's later items may belong to the next one (masked after).
+        episode_start = t - pos_at(ring.local_to_rows(t, segment, length, segments)[0])
+        ids = t[:, None] - h + ops.arange(h + n)[None, :]
+        rows = ring.local_to_rows(ids, segment[:, None], length, segments)[0]
+        rows = ops.where(ids >= episode_start[:, None], rows, ops.zeros_like(rows) + self.zero_row)
+        return rows, step_rows
+
+    def read(self, plan: Any, num_steps: int | None, ops: Any) -> dict:
+        frame_rows, step_rows = plan
+        obs, nxt = self.stacks(self.frames, frame_rows, self.history_len, num_steps)
+        extras = self.extras.read(step_rows, num_steps, ops) if self.extras else {}
+        return {"observation": obs, "next_observation": nxt, **extras}
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.frames) + (self.extras.nbytes if self.extras else 0)
+
+
+def _nbytes(array: Any) -> int:
+    return int(array.shape.num_elements() * array.dtype.size if isinstance(array, tf.Variable) else array.nbytes)
+
+
+def frame_data_spec(
+    frame_shape: tuple[int, ...] = (84, 84), frame_dtype: tf.DType = tf.uint8, action_spec: tf.TensorSpec | None = None
+) -> dict[str, tf.TensorSpec]:
+    """The usual frame-buffer row spec: frame, first, action, reward, terminated, truncated."""
+    return {
+        "frame": tf.TensorSpec(frame_shape, frame_dtype, "frame"),
+        "first": tf.TensorSpec([], tf.bool, "first"),
+        "action": action_spec if action_spec is not None else tf.TensorSpec([], tf.int32, "action"),
+        "reward": tf.TensorSpec([], tf.float32, "reward"),
+        "terminated": tf.TensorSpec([], tf.bool, "terminated"),
+        "truncated": tf.TensorSpec([], tf.bool, "truncated"),
+    }
+
+
+def split_frame_spec(where: str, data_spec: Nest) -> tuple[tf.TensorSpec, dict]:
+    """Checks a frame-buffer row spec; returns the frame spec and the other entries."""
+    if not isinstance(data_spec, collections.abc.Mapping) or not all(k in data_spec for k in _RESERVED):
+        got = sorted(data_spec) if isinstance(data_spec, collections.abc.Mapping) else type(data_spec).__name__
+        raise TypeError(
+            f"{where}: data_spec ({got}) must be a mapping with 'frame' and 'first' entries; see frame_data_spec()."
+        )
+    frame, first = data_spec["frame"], data_spec["first"]
+    if not isinstance(frame, tf.TensorSpec):
+        raise TypeError(f"{where}: data_spec['frame'] ({frame!r}) must be a single tf.TensorSpec.")
+    if not isinstance(first, tf.TensorSpec) or first.dtype != tf.bool or first.shape.rank != 0:
+        raise TypeError(f"{where}: data_spec['first'] ({first!r}) must be a scalar tf.bool spec.")
+    clash = [k for k in _STACKS if k in data_spec]
+    if clash:
+        raise ValueError(f"{where}: data_spec entry {clash[0]!r} must be renamed; samples use it for the stacks.")
+    return frame, {k: v for k, v in data_spec.items() if k not in _RESERVED}

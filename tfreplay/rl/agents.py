@@ -1,0 +1,266 @@
+"""A tf-keras Double-DQN agent that learns from a replay buffer's dataset.
+
+    dataset = rb.as_dataset(sample_batch_size=64)  # single transitions: num_steps=None
+    agent = DqnAgent(driver.transition_spec.observation, num_actions=2)
+    for experience in dataset.take(1000):
+        loss_info = agent.train(experience)
+
+Drivers store the true next observation in every transition (at an episode's
+end, the final observation rather than the next episode's first), so one
+transition holds everything a TD target needs: sample single transitions.
+Windows of two (`num_steps=2`, what TF-Agents' DQN reads) are accepted too,
+for code written for TF-Agents; only their step 0 is used, so they cost twice
+the reads and never start at the newest transition of a segment.
+
+Prioritized replay: `train(experience, weights)` scales each sample's loss by
+its importance weight and returns each sample's `|TD error|`, the new priority:
+
+    weights = tfreplay.importance_weights(info.probabilities, rb.num_frames(), beta)
+    loss_info = agent.train(items, weights)
+    rb.update_priorities(info.ids, loss_info.abs_td_errors + 1e-6)
+
+n-step returns: items from `tfreplay.NStepReturns(n, gamma)` carry the whole
+bootstrap factor in `discount` (`gamma^m` times the episode's discounts), so
+an agent reading them is built with `gamma=1.0`; see `DqnAgent`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import tensorflow as tf
+import tf_keras
+
+from tfreplay._src import specs
+from tfreplay._src.api import BufferInfo
+from tfreplay._src.specs import Nest
+from tfreplay.rl.policies import EpsilonGreedyPolicy
+
+_FIELDS = ("observation", "action", "reward", "discount", "next_observation")
+
+
+class LossInfo(NamedTuple):
+    """What `DqnAgent.train` returns.
+
+    Attributes:
+      loss: the scalar loss of the step.
+      extra: diagnostics, `q_mean` and `td_error_abs` (batch means).
+      abs_td_errors: `|target - Q(s, a)|` of each sample, `[batch]`: the
+        priorities to give the sampled items (plus a small epsilon).
+    """
+
+    loss: tf.Tensor
+    extra: dict
+    abs_td_errors: Any = None
+
+
+def make_q_network(
+    observation_spec: tf.TensorSpec,
+    num_actions: int,
+    fc_layer_params: Sequence[int] = (64, 64),
+    seed: int | None = None,
+) -> tf_keras.Model:
+    """A built MLP from an observation to one Q-value per action.
+
+    Args:
+      observation_spec: spec of one (flat or flattenable) observation.
+      num_actions: number of discrete actions.
+      fc_layer_params: widths of the hidden ReLU layers.
+      seed: seed of the weight initializers.
+    """
+    specs.check_positive_int("make_q_network", "num_actions", num_actions)
+    init = lambda i: tf_keras.initializers.GlorotUniform(seed=None if seed is None else seed + i)  # noqa: E731
+    layers: list = [tf_keras.layers.Flatten()]
+    layers += [tf_keras.layers.Dense(w, "relu", kernel_initializer=init(i)) for i, w in enumerate(fc_layer_params)]
+    layers.append(tf_keras.layers.Dense(num_actions, kernel_initializer=init(len(fc_layer_params))))
+    model = tf_keras.Sequential(layers, name="q_network")
+    model.build([None] + observation_spec.shape.as_list())
+    return model
+
+
+def _field(items: Nest, name: str) -> Any:
+    value = items.get(name) if isinstance(items, dict) else getattr(items, name, None)
+    if value is None:
+        raise TypeError(
+            f"DqnAgent.train: experience must have a field {name} (a Transition or a dict with "
+            f"{', '.join(_FIELDS)}); got {type(items).__name__}."
+        )
+    return value
+
+
+def huber_loss(errors: tf.Tensor, delta: float = 1.0) -> tf.Tensor:
+    """Elementwise Huber loss: quadratic within `delta`, linear beyond."""
+    abs_errors = tf.abs(errors)
+    quadratic = tf.minimum(abs_errors, delta)
+    return 0.5 * tf.square(quadratic) + delta * (abs_errors - quadratic)
+
+
+class DqnAgent(tf.Module):
+    """Double DQN with a Huber loss and a target network.
+
+    The online network picks the next action, the target network values it:
+    `target = r + gamma * discount * Q_target(s', argmax_a Q(s', a))`. The
+    target network is updated every `target_update_period` train steps, with
+    `target_update_tau` (1 = copy).
+
+    One formula serves one-step and n-step items: `discount` is whatever
+    multiplies the bootstrap after `gamma`. A stored `Transition` has
+    `discount` 0 or 1, and `gamma` discounts it. `NStepReturns(n, gamma)` has
+    already applied `gamma^m` (`m <= n` real steps), so build the agent that
+    reads it with `gamma=1.0`: gamma then lives in one place, the transform
+    (what `train_dqn` does when `n_step > 1`). Checkpoint it with
+    `tf.train.Checkpoint(agent=agent, buffer=rb)`: networks, optimizer and
+    `train_step_counter` are tracked.
+
+    Args:
+      observation_spec: spec of one observation.
+      num_actions: actions are int from 0 to `num_actions - 1`.
+      q_network: a built Keras model `[B, *obs] -> [B, num_actions]`; default
+        `make_q_network(observation_spec, num_actions)`.
+      optimizer: a tf-keras optimizer; default Adam(1e-3).
+      gamma: discount factor applied to each item's `discount` (1.0 for
+        `NStepReturns` items, which are discounted already).
+      target_update_period: train steps between target updates.
+      target_update_tau: weight of the online network in each update.
+      gradient_clipping: clip the gradients' global norm to this, if set.
+      train_step_counter: an int64 variable to count with; default a new one.
+    """
+
+    def __init__(
+        self,
+        observation_spec: tf.TensorSpec,
+        num_actions: int,
+        q_network: tf_keras.Model | None = None,
+        optimizer: tf_keras.optimizers.Optimizer | None = None,
+        gamma: float = 0.99,
+        target_update_period: int = 100,
+        target_update_tau: float = 1.0,
+        gradient_clipping: float | None = None,
+        train_step_counter: tf.Variable | None = None,
+        name: str = "DqnAgent",
+    ):
+        super().__init__(name=name)
+        specs.check_positive_int("DqnAgent", "num_actions", num_actions)
+        specs.check_positive_int("DqnAgent", "target_update_period", target_update_period)
+        if not 0.0 < target_update_tau <= 1.0:
+            raise ValueError(f"DqnAgent: target_update_tau ({target_update_tau!r}) must be in (0, 1].")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"DqnAgent: gamma ({gamma!r}) must be in [0, 1].")
+        self.num_actions = int(num_actions)
+        self.q_network = q_network or make_q_network(observation_spec, num_actions)
+        self.target_q_network = tf_keras.models.clone_model(self.q_network)
+        self.target_q_network.build([None] + observation_spec.shape.as_list())
+        self.target_q_network.set_weights(self.q_network.get_weights())
+        self.optimizer = optimizer or tf_keras.optimizers.Adam(1e-3)
+        if hasattr(self.optimizer, "build"):  # slots exist now, so a checkpoint restores them at once
+            self.optimizer.build(self.q_network.trainable_variables)
+        self.train_step_counter = (
+            train_step_counter
+            if train_step_counter is not None
+            else tf.Variable(0, dtype=tf.int64, trainable=False, name="train_step_counter")
+        )
+        self._gamma, self._period, self._tau = float(gamma), int(target_update_period), float(target_update_tau)
+        self._clip = gradient_clipping
+        self._train_fn = tf.function(self._train_step)
+
+    def train(self, experience: Any, weights: Any = None) -> LossInfo:
+        """One gradient step on a batch of experience.
+
+        Usable eagerly and inside a `tf.function` (a train step that also
+        samples and updates priorities).
+
+        Args:
+          experience: an `(items, BufferInfo)` element of `as_dataset` or
+            `get_next`, or the items alone: a `Transition` (or a dict with its
+            fields) shaped `[B, ...]` (`num_steps=None`), or windows shaped
+            `[B, T, ...]` as TF-Agents samples them, of which step 0 is used.
+          weights: importance weights, one per sample (`[B]`), e.g. from
+            `tfreplay.importance_weights`; the loss is `mean(weights * huber)`
+            over the batch. They are not renormalized: weights scaled by their
+            maximum shrink the step, as in Schaul et al. (2016). `None`: all 1.
+
+        Returns:
+          `LossInfo(loss, extra, abs_td_errors)`; extra holds the mean
+          Q-value and absolute TD error, `abs_td_errors` each sample's.
+
+        Raises:
+          TypeError: experience without the `Transition` fields.
+          ValueError: a reward not `[B]` or `[B, T]`, or weights not `[B]`.
+        """
+        if isinstance(experience, tuple) and len(experience) == 2 and isinstance(experience[1], BufferInfo):
+            experience = experience[0]
+        fields = [tf.nest.map_structure(tf.convert_to_tensor, _field(experience, f)) for f in _FIELDS]
+        rank = fields[2].shape.rank
+        if rank not in (1, 2):
+            raise ValueError(
+                f"DqnAgent.train: reward has shape {fields[2].shape}; it must be [batch] or [batch, time]."
+            )
+        if rank == 2:
+            fields = [tf.nest.map_structure(lambda x: x[:, 0], f) for f in fields]
+        return self._train_fn(*fields, self._weights(weights, fields[2]))
+
+    @staticmethod
+    def _weights(weights: Any, reward: tf.Tensor) -> tf.Tensor:
+        if weights is None:
+            return tf.ones_like(reward, tf.float32)
+        weights = tf.cast(tf.convert_to_tensor(weights), tf.float32)
+        if weights.shape.rank != 1 or not weights.shape.is_compatible_with(reward.shape):
+            raise ValueError(
+                f"DqnAgent.train: weights has shape {weights.shape}; it must be [batch], one weight per sample "
+                f"(the reward's batch is {reward.shape[:1]})."
+            )
+        return weights
+
+    @property
+    def gamma(self) -> float:
+        """The discount applied to each item's `discount` (1.0 for an agent reading `NStepReturns`)."""
+        return self._gamma
+
+    def _td_targets(self, reward: tf.Tensor, discount: tf.Tensor, next_observation: Nest) -> tf.Tensor:
+        best = tf.argmax(self.q_network(next_observation, training=False), axis=-1, output_type=tf.int32)
+        next_q = tf.gather(self.target_q_network(next_observation, training=False), best, batch_dims=1)
+        return tf.stop_gradient(reward + self._gamma * discount * next_q)
+
+    def _train_step(
+        self,
+        observation: Nest,
+        action: tf.Tensor,
+        reward: tf.Tensor,
+        discount: tf.Tensor,
+        next_observation: Nest,
+        weights: tf.Tensor,
+    ) -> LossInfo:
+        targets = self._td_targets(reward, discount, next_observation)
+        variables = self.q_network.trainable_variables
+        with tf.GradientTape() as tape:
+            q_values = self.q_network(observation, training=True)
+            chosen = tf.gather(q_values, tf.cast(action, tf.int32), batch_dims=1)
+            td_errors = targets - chosen
+            loss = tf.reduce_mean(weights * huber_loss(td_errors))
+        grads = tape.gradient(loss, variables)
+        if self._clip is not None:
+            grads, _ = tf.clip_by_global_norm(grads, self._clip)
+        self.optimizer.apply_gradients(zip(grads, variables))
+        step = self.train_step_counter.assign_add(1)
+        if step % self._period == 0:
+            self._update_target()
+        abs_td_errors = tf.abs(td_errors)
+        extra = {"q_mean": tf.reduce_mean(chosen), "td_error_abs": tf.reduce_mean(abs_td_errors)}
+        return LossInfo(loss=loss, extra=extra, abs_td_errors=abs_td_errors)
+
+    def _update_target(self) -> tf.Operation:
+        tau = self._tau
+        return tf.group(
+            *[
+                t.assign(tau * s + (1.0 - tau) * t)
+                for s, t in zip(self.q_network.variables, self.target_q_network.variables)
+            ]
+        )
+
+    def update_target(self) -> None:
+        """Updates the target network now (with `target_update_tau`)."""
+        self._update_target()
+
+    def policy(self, epsilon: Any = 0.0, seed: int | None = None) -> EpsilonGreedyPolicy:
+        """An `EpsilonGreedyPolicy` over the online Q-network (greedy by default)."""
+        return EpsilonGreedyPolicy(self.q_network, self.num_actions, epsilon=epsilon, seed=seed)

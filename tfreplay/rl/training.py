@@ -1,0 +1,437 @@
+"""A complete DQN training run: collect driver -> buffer -> `as_dataset` -> agent.
+
+`train_dqn(DqnConfig(...))` is what `python -m examples.demo` runs; tests and
+the tutorials call it with small step counts. One vectorised `StepDriver`
+feeds a `TFUniformReplayBuffer` through its `add_batch` observer; the learner
+reads single transitions, `experience_dataset(buffer, batch_size)`.
+
+`prioritized=True` uses a `TFPrioritizedReplayBuffer` instead: each train
+step is one `tf.function` (`prioritized_train_step`) that weighs the
+sampled batch by its importance weights (beta annealed from `beta` to 1 over
+the run), trains, and gives the sampled items their new priorities,
+`|TD error| + priority_eps`. `n_step > 1` reads `NStepReturns(n_step,
+gamma)` items, whose `discount` holds the whole bootstrap factor, so the
+agent is built with `gamma=1.0` (gamma is applied once, by the transform);
+with `n_step=1` the learner reads stored transitions and the agent applies
+gamma, the cheapest read. With an
+`output_dir` it checkpoints agent, buffer and counters (`resume=True`
+continues), writes TensorBoard summaries, `history.json` and a learning-curve
+PNG. The same config (seed included) gives the same run: networks,
+exploration, environments and sampling are all seeded, and samples are drawn
+in order, when the learner asks.
+
+tqdm and matplotlib (the `examples` extra) are imported only when used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from tfreplay._src import specs
+from tfreplay._src.api import ReplayBuffer
+from tfreplay.buffers import TFPrioritizedReplayBuffer, TFUniformReplayBuffer
+from tfreplay.rl.agents import DqnAgent, LossInfo, make_q_network
+from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec
+from tfreplay.rl.learner import experience_dataset, linear_beta, n_step_transform, prioritized_train_step
+from tfreplay.rl.observers import AverageEpisodeLength, AverageReturn
+
+__all__ = [  # the learner's pieces are re-exported: examples and tests import them from here
+    "DqnConfig",
+    "TrainResult",
+    "evaluate",
+    "experience_dataset",
+    "linear_beta",
+    "linear_epsilon",
+    "n_step_transform",
+    "plot_learning_curve",
+    "prioritized_train_step",
+    "train_dqn",
+]
+
+
+@dataclasses.dataclass
+class DqnConfig:
+    """Hyper-parameters and run options of `train_dqn` (defaults solve CartPole-v1)."""
+
+    env_id: str = "CartPole-v1"
+    num_env_steps: int = 100_000  # transitions collected, summed over sub-environments
+    seed: int = 0
+    num_envs: int = 4
+    buffer_size: int = 50_000
+    batch_size: int = 128
+    learning_rate: float = 5e-4
+    end_learning_rate: float | None = None  # decay linearly to this over the run (None: constant)
+    gradient_clipping: float | None = 10.0
+    gamma: float = 0.99
+    fc_layer_params: tuple = (256, 256)
+    initial_collect_steps: int = 1_000  # random actions before learning starts
+    train_steps_per_env_step: float = 1.0
+    target_update_period: int = 500
+    target_update_tau: float = 1.0
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.02
+    epsilon_decay_steps: int = 10_000
+    num_eval_episodes: int = 20
+    eval_interval: int = 2_500  # env steps between greedy evaluations during training (0: none)
+    num_interval_eval_episodes: int = 20
+    keep_best: bool = True  # end with the weights of the best evaluation so far
+    stop_at_return: float | None = None  # stop early once an evaluation reaches this
+    log_interval: int = 1_000
+    checkpoint_interval: int = 10_000
+    output_dir: str | None = None
+    resume: bool = False
+    progress: bool = True
+    prioritized: bool = False  # TFPrioritizedReplayBuffer, priorities |TD error| + priority_eps
+    alpha: float = 0.6  # how much priorities count (0: uniform)
+    beta: float = 0.4  # importance-weight exponent when learning starts, annealed linearly to 1 at the end
+    priority_eps: float = 1e-6  # keeps every item drawable
+    n_step: int = 1  # > 1: learn from n-step returns (NStepReturns)
+
+    def __post_init__(self) -> None:
+        specs.check_positive_int("DqnConfig", "n_step", self.n_step)
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"DqnConfig: beta ({self.beta!r}) must be in [0, 1].")
+        if not self.priority_eps > 0.0:
+            raise ValueError(
+                f"DqnConfig: priority_eps ({self.priority_eps!r}) must be positive, so every item can be drawn."
+            )
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run measured.
+
+    Rates are over the training loop (collection, training and the periodic
+    evaluations; not setup, nor the final evaluation).
+    """
+
+    average_return: float
+    eval_returns: list
+    num_env_steps: int
+    num_train_steps: int
+    wall_time: float
+    env_steps_per_sec: float
+    train_steps_per_sec: float
+    history: list
+    output_dir: str | None
+    agent: DqnAgent
+    buffer: ReplayBuffer
+
+    def summary(self) -> str:
+        return (
+            f"average return {self.average_return:.1f} over {len(self.eval_returns)} episodes | "
+            f"wall time {self.wall_time:.0f} s | {self.env_steps_per_sec:.0f} env steps/s | "
+            f"{self.train_steps_per_sec:.0f} train steps/s"
+        )
+
+
+def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
+    """1 during initial collection, then linear from `epsilon_start` to `epsilon_end`."""
+    if env_steps < config.initial_collect_steps:
+        return 1.0
+    fraction = min((env_steps - config.initial_collect_steps) / max(config.epsilon_decay_steps, 1), 1.0)
+    return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+
+
+def evaluate(env_id: str, policy: Callable, num_episodes: int = 20, seed: int | None = None) -> list[float]:
+    """Returns of `num_episodes` episodes: one per sub-environment of a vector env, run in parallel."""
+    env = make_vector_env(env_id, num_episodes)
+    returns, finished = np.zeros(num_episodes), np.zeros(num_episodes, bool)
+
+    def record(transitions: Any) -> None:
+        running = ~finished
+        returns[running] += transitions.reward[running]
+        finished[running] |= transitions.terminated[running] | transitions.truncated[running]
+
+    driver = StepDriver(env, policy, [record], num_steps=num_episodes, seed=seed)
+    while not finished.all():
+        driver.run()
+    env.close()
+    return returns.tolist()
+
+
+def plot_learning_curve(history: list[dict], path: str, eval_returns: list[float] | None = None) -> None:
+    """Writes a PNG of the average training return against environment steps."""
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend (a notebook's, say) is left alone
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    points = [(h["env_steps"], h["average_return"]) for h in history if h["average_return"] is not None]
+    if points:
+        ax.plot(*zip(*points), label="training episodes (average of the last 20)")
+    evals = [(h["env_steps"], h["eval_return"]) for h in history if h.get("eval_return") is not None]
+    if evals:
+        ax.plot(*zip(*evals), "o--", color="C2", label="greedy evaluations during training")
+    if eval_returns and history:
+        ax.scatter(
+            [history[-1]["env_steps"]],
+            [np.mean(eval_returns)],
+            color="C3",
+            zorder=3,
+            marker="*",
+            s=150,
+            label=f"final evaluation ({len(eval_returns)} episodes)",
+        )
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("return")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _learning_rate(config: DqnConfig) -> Any:
+    if config.end_learning_rate is None:
+        return config.learning_rate
+    num_train_steps = (config.num_env_steps - config.initial_collect_steps) * config.train_steps_per_env_step
+    return tf_keras.optimizers.schedules.PolynomialDecay(
+        config.learning_rate, max(int(num_train_steps), 1), config.end_learning_rate
+    )
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+
+def _progress_bar(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    import warnings
+
+    with warnings.catch_warnings():  # tqdm.auto warns in a notebook without ipywidgets, then prints text
+        warnings.simplefilter("ignore")
+        from tqdm.auto import tqdm
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=0.5)
+
+
+class _Due:
+    """Tells when `interval` env steps have passed since an event last fired."""
+
+    def __init__(self, start: int):
+        self._start = start
+        self._last: dict = {}
+
+    def __call__(self, name: str, now: int, interval: int) -> bool:
+        if interval > 0 and now - self._last.get(name, self._start) >= interval:
+            self._last[name] = now
+            return True
+        return False
+
+
+class _Run:
+    """The pieces of one run and the loop over them."""
+
+    def __init__(self, config: DqnConfig):
+        self.config = c = config
+        tf_keras.utils.set_random_seed(c.seed)
+        self.env = make_vector_env(c.env_id, c.num_envs)
+        self.env_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="env_steps")
+        spec = transition_spec(self.env.single_observation_space, self.env.single_action_space)
+        num_actions = int(self.env.single_action_space.n)  # type: ignore[attr-defined]
+        q_network = make_q_network(spec.observation, num_actions, c.fc_layer_params, seed=c.seed)
+        self.agent = DqnAgent(
+            spec.observation,
+            num_actions,
+            q_network,
+            tf_keras.optimizers.Adam(_learning_rate(c)),
+            gamma=c.gamma if c.n_step == 1 else 1.0,  # n-step items are discounted by the transform
+            target_update_period=c.target_update_period,
+            target_update_tau=c.target_update_tau,
+            gradient_clipping=c.gradient_clipping,
+        )
+        max_length = max(c.buffer_size // c.num_envs, c.n_step + 1)
+        self.buffer: ReplayBuffer
+        if c.prioritized:
+            self.buffer = TFPrioritizedReplayBuffer(spec, c.num_envs, max_length, alpha=c.alpha, seed=c.seed)
+            step = lambda e, beta: prioritized_train_step(self.agent, self.buffer, e, beta, c.priority_eps)  # noqa: E731
+            self._prioritized_step = tf.function(step)
+        else:
+            self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed)
+        self.returns, self.lengths = AverageReturn(20), AverageEpisodeLength(20)
+        policy = self.agent.policy(lambda: linear_epsilon(c, int(self.env_steps.numpy())), seed=c.seed)
+        self.driver = StepDriver(
+            self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
+        )
+        self.samples = iter(experience_dataset(self.buffer, c.batch_size, n_step_transform(c)))
+        self.history: list[dict] = []
+        self.best_q_network = tf_keras.models.clone_model(q_network)
+        self.best_q_network.set_weights(q_network.get_weights())
+        self.best_return = tf.Variable(-np.inf, dtype=tf.float64, trainable=False, name="best_return")
+        self.checkpoint = tf.train.Checkpoint(
+            agent=self.agent,
+            buffer=self.buffer,
+            env_steps=self.env_steps,
+            best_q_network=self.best_q_network,
+            best_return=self.best_return,
+        )
+        self.manager = None
+        if c.output_dir:
+            self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(c.output_dir, "checkpoints"), 1)
+            self.writer = tf.summary.create_file_writer(os.path.join(c.output_dir, "tensorboard"))
+
+    def restore(self) -> None:
+        if not (self.manager and self.manager.latest_checkpoint):
+            raise FileNotFoundError(
+                f"train_dqn: output_dir ({self.config.output_dir}) must hold a checkpoint to resume from."
+            )
+        self.checkpoint.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
+        path = os.path.join(self.config.output_dir or "", "history.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                self.history = json.load(f)
+
+    def iterate(self, loss: float, credit: float) -> tuple[float, float]:
+        """One vector step of collection, then the train steps it earned."""
+        c = self.config
+        self.env_steps.assign_add(self.driver.run())
+        if int(self.env_steps.numpy()) < c.initial_collect_steps:
+            return loss, credit
+        credit += c.train_steps_per_env_step * c.num_envs
+        while credit >= 1.0:
+            loss = float(self.train_once().loss)
+            credit -= 1.0
+        return loss, credit
+
+    def train_once(self) -> LossInfo:
+        """One train step on the next sample (with priorities: weights, train, update, one graph)."""
+        if not self.config.prioritized:
+            return self.agent.train(next(self.samples))
+        beta = tf.constant(linear_beta(self.config, int(self.env_steps.numpy())), tf.float32)
+        return self._prioritized_step(next(self.samples), beta)
+
+    def log(self, loss: float, elapsed: float) -> dict:
+        finite = lambda x: float(x) if np.isfinite(x) else None  # noqa: E731  (JSON has no NaN)
+        point = {
+            "env_steps": int(self.env_steps.numpy()),
+            "train_steps": int(self.agent.train_step_counter.numpy()),
+            "average_return": finite(self.returns.result()),
+            "episode_length": finite(self.lengths.result()),
+            "loss": finite(loss),
+            "elapsed": elapsed,
+        }
+        self.history.append(point)
+        if self.manager:
+            with self.writer.as_default(step=point["env_steps"]):
+                for key in ("average_return", "episode_length", "loss"):
+                    if point[key] is not None:
+                        tf.summary.scalar(key, point[key])
+        return point
+
+    def evaluate_now(self) -> bool:
+        """A greedy evaluation during training; keeps the best weights. True: stop early."""
+        c = self.config
+        steps = int(self.env_steps.numpy())
+        mean = float(
+            np.mean(evaluate(c.env_id, self.agent.policy(), c.num_interval_eval_episodes, seed=c.seed + 20_000 + steps))
+        )
+        self.history[-1]["eval_return"] = mean  # loop() logged a point at this step
+        if mean >= self.best_return.numpy():
+            self.best_return.assign(mean)
+            self.best_q_network.set_weights(self.agent.q_network.get_weights())
+        if self.manager:
+            with self.writer.as_default(step=steps):
+                tf.summary.scalar("eval/interval_return", mean)
+        return c.stop_at_return is not None and mean >= c.stop_at_return
+
+    def save(self) -> None:
+        if self.manager and self.config.output_dir:
+            self.manager.save(checkpoint_number=int(self.env_steps.numpy()))
+            with open(os.path.join(self.config.output_dir, "history.json"), "w") as f:
+                json.dump(self.history, f)
+
+    def loop(self) -> float:
+        """Collects and trains until `num_env_steps`; returns the loop's seconds."""
+        c, loss, credit, stop = self.config, float("nan"), 0.0, False
+        first = int(self.env_steps.numpy())
+        start, due = time.perf_counter(), _Due(first)
+        with _progress_bar(c.num_env_steps, first, c.progress) as bar:
+            while (steps := int(self.env_steps.numpy())) < c.num_env_steps and not stop:
+                loss, credit = self.iterate(loss, credit)
+                now = int(self.env_steps.numpy())
+                bar.update(now - steps)
+                evaluate_now = now >= c.initial_collect_steps and due("eval", now, c.eval_interval)
+                if due("log", now, c.log_interval) or evaluate_now:
+                    elapsed = time.perf_counter() - start
+                    self.log(loss, elapsed)
+                    bar.set_postfix(
+                        avg_return=f"{self.returns.result():.1f}",
+                        loss=f"{loss:.3f}",
+                        env_steps_per_s=f"{(now - first) / max(elapsed, 1e-9):.0f}",
+                    )
+                if evaluate_now:
+                    stop = self.evaluate_now()
+                if due("save", now, c.checkpoint_interval):
+                    self.save()
+        if not self.history or self.history[-1]["env_steps"] != int(self.env_steps.numpy()):
+            self.log(loss, time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    def restore_best(self) -> None:
+        """Puts the best evaluated weights in the online network (if any evaluation ran)."""
+        if self.config.keep_best and np.isfinite(self.best_return.numpy()):
+            self.agent.q_network.set_weights(self.best_q_network.get_weights())
+
+
+def train_dqn(config: DqnConfig | None = None, **overrides: Any) -> TrainResult:
+    """Trains a Double DQN agent from a replay buffer; see the module docstring.
+
+    Args:
+      config: the run's settings (default `DqnConfig()`).
+      **overrides: fields of `DqnConfig` to replace, e.g. `num_env_steps=2000`.
+
+    Returns:
+      A `TrainResult` whose `average_return` is the greedy policy's mean
+      return over `num_eval_episodes` fresh episodes.
+    """
+    config = dataclasses.replace(config or DqnConfig(), **overrides)
+    wall_start = time.perf_counter()
+    if config.output_dir:
+        os.makedirs(config.output_dir, exist_ok=True)
+    run = _Run(config)
+    if config.resume:
+        run.restore()
+    steps0, train0 = int(run.env_steps.numpy()), int(run.agent.train_step_counter.numpy())
+    loop_time = run.loop()
+    run.env.close()
+    run.restore_best()
+    eval_returns = evaluate(config.env_id, run.agent.policy(), config.num_eval_episodes, seed=config.seed + 10_000)
+    run.save()
+    if config.output_dir:
+        plot_learning_curve(run.history, os.path.join(config.output_dir, "learning_curve.png"), eval_returns)
+        with run.writer.as_default(step=int(run.env_steps.numpy())):
+            tf.summary.scalar("eval/average_return", float(np.mean(eval_returns)))
+        run.writer.flush()
+    env_steps, train_steps = int(run.env_steps.numpy()), int(run.agent.train_step_counter.numpy())
+    rate = lambda n: n / loop_time if loop_time > 0 else 0.0  # noqa: E731
+    return TrainResult(
+        average_return=float(np.mean(eval_returns)),
+        eval_returns=eval_returns,
+        num_env_steps=env_steps,
+        num_train_steps=train_steps,
+        wall_time=time.perf_counter() - wall_start,
+        env_steps_per_sec=rate(env_steps - steps0),
+        train_steps_per_sec=rate(train_steps - train0),
+        history=run.history,
+        output_dir=config.output_dir,
+        agent=run.agent,
+        buffer=run.buffer,
+    )
