@@ -49,15 +49,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks import report, timing  # noqa: E402
 from benchmarks.cases import add_overlap_flag, graph_loop, repeat, set_overlap  # noqa: E402
 from benchmarks.run import _freeze_heap, _load, machine_facts  # noqa: E402
-from tfreplay._src.ops import NUMPY_OPS, TF_OPS  # noqa: E402
-from tfreplay._src.samplers.prioritized import PrioritizedSampler  # noqa: E402
-from tfreplay._src.twin_py import PyBuffer  # noqa: E402
-from tfreplay._src.twin_tf import TFBuffer  # noqa: E402
-from tfreplay.buffers import (  # noqa: E402
-    PyUniformReplayBuffer,
-    TFUniformReplayBuffer,
-    rows_storage,
-)
+from tfreplay import PrioritizedSampler, PyUniformReplayBuffer, TFUniformReplayBuffer, compose  # noqa: E402
 
 SEGMENTS, LENGTH, SAMPLE, ALPHA = 16, 65536, 256, 0.6
 SPEC = {
@@ -77,22 +69,29 @@ def _batch(rng: np.random.Generator) -> dict:
     }
 
 
-# The assemblies of TFPrioritizedReplayBuffer / PyPrioritizedReplayBuffer with a sampler whose compiled sum tree
-# can be turned off; `_update_priorities` is what their public `update_priorities` calls.
-def _tf_buffer(sampler: Any, seed: int) -> TFBuffer:
+class _Assembled(compose.Buffer):
+    """TFPrioritizedReplayBuffer / PyPrioritizedReplayBuffer assembled with a sampler whose compiled sum tree can be
+    turned off (`tfreplay.compose`)."""
+
+    update_priorities = compose.update_priorities
+
+
+def _tf_buffer(sampler: Any, seed: int) -> Any:
     if sampler is None:
         return TFUniformReplayBuffer(SPEC, SEGMENTS, LENGTH, seed=seed)
-    return TFBuffer(SPEC, SEGMENTS, LENGTH, rows_storage, sampler, None, scope="per", device="cpu:*", seed=seed)
+    twin = compose.TFTwin("per", seed=seed)
+    return _Assembled(SPEC, twin, batch_size=SEGMENTS, max_length=LENGTH, sampler=sampler, episode_rule=None)
 
 
-def _py_buffer(sampler: Any, seed: int) -> PyBuffer:
+def _py_buffer(sampler: Any, seed: int) -> Any:
     if sampler is None:
         return PyUniformReplayBuffer(SPEC, batch_size=SEGMENTS, max_length=LENGTH, seed=seed)
-    return PyBuffer(SPEC, rows_storage, sampler, None, batch_size=SEGMENTS, max_length=LENGTH, seed=seed, name="per")
+    twin = compose.NumpyTwin(seed)
+    return _Assembled(SPEC, twin, batch_size=SEGMENTS, max_length=LENGTH, sampler=sampler, episode_rule=None)
 
 
 def _fill(buffer: Any, batch: dict, priorities: np.ndarray | None) -> Any:
-    if isinstance(buffer, TFBuffer):
+    if isinstance(buffer, tf.Module) and buffer.variables():
         tf_batch = tf.nest.map_structure(tf.constant, batch)
 
         @tf.function
@@ -104,7 +103,7 @@ def _fill(buffer: Any, batch: dict, priorities: np.ndarray | None) -> Any:
         for _ in range(LENGTH):
             buffer.add_batch(batch)
     if priorities is not None:
-        buffer._update_priorities(np.arange(SEGMENTS * LENGTH), priorities)
+        buffer.update_priorities(np.arange(SEGMENTS * LENGTH), priorities)
     return buffer
 
 
@@ -113,7 +112,7 @@ def _py_pair(buffer: Any, rng: np.random.Generator) -> timing.Bench:
 
     def pair() -> None:
         _, info = buffer.get_next(SAMPLE)
-        buffer._update_priorities(info.ids, new)
+        buffer.update_priorities(info.ids, new)
 
     return timing.Bench(pair)
 
@@ -122,7 +121,7 @@ def _tf_pair(buffer: Any) -> timing.Bench:
     def step() -> Any:
         items, info = buffer.get_next(SAMPLE)
         new = tf.cast(tf.abs(items["observation"][:, 0]), tf.float64) + 0.1
-        return items, buffer._update_priorities(info.ids, new)
+        return items, buffer.update_priorities(info.ids, new)
 
     return graph_loop(step)
 
@@ -140,9 +139,9 @@ def _tf_floor(buffer: Any) -> timing.Bench:
 def _kernels_floor(per: Any, rng: np.random.Generator) -> timing.Bench:
     """The compiled ring sample and ring update of a PER pair, called directly on `per`'s tree (no sampler or
     buffer code around them, no item read): TF in-graph, or NumPy."""
-    sampler, adds = per._sampler, per._num_adds
-    tree, numpy = sampler.tree, isinstance(adds, np.ndarray)
-    ops = NUMPY_OPS if numpy else TF_OPS
+    parts = per._parts  # the buffer's parts (private: this row times them without the buffer)
+    sampler, adds, ops = parts.sampler, parts.num_adds, parts.ops
+    tree, numpy = sampler.tree, ops.name == "numpy"
 
     def pair(u: Any, new: Any) -> Any:
         segment, t, *_ = tree.ring_sample(ops, adds if numpy else adds.read_value(), u, LENGTH)

@@ -47,6 +47,7 @@ from benchmarks.cases import add_overlap_flag, graph_loop, set_overlap  # noqa: 
 from benchmarks.report import format_table  # noqa: E402
 from benchmarks.timing import Bench, compare  # noqa: E402
 from tfreplay import NStepReturns, PyUniformReplayBuffer, Sequences, TFUniformReplayBuffer  # noqa: E402
+from tfreplay._src import compiled_windows, sample  # noqa: E402
 from tfreplay._src.episodes import POS_BINS  # noqa: E402
 from tfreplay.rl.drivers import Transition  # noqa: E402
 
@@ -75,7 +76,7 @@ def full_buffer(twin: str, capacity: int):
             state[name].assign(value)
     else:
         rb = PyUniformReplayBuffer(SPEC, batch_size=SEGMENTS, max_length=length, seed=0)
-        arrays = rb._arrays
+        arrays = rb._twin.arrays
         for array in arrays.values():  # written pages: unwritten np.zeros pages all map the one shared zero page
             array.fill(0)
 
@@ -104,13 +105,24 @@ def in_graph(rb, **kwargs):
 def sequence_draw(twin: str, rb, transform) -> Bench:
     """The draw alone: window starts and the read plan, no row read, as `get_next` plans them (TF: compiled with
     XLA, or padded windows over rows by the two window-plan ops, which read the mask's `pos` in the draw)."""
+    parts, made = rb._parts, rb._twin  # private: this row times the draw without the read
+    req = rb._sample_request("get_next", BATCH, None, True, transform)
     if twin == "tf":
-        if rb._compiled_padded_plan(transform):
-            plan = tf.function(lambda: rb._padded_plan(BATCH, transform)[:4], autograph=False)
+        padded = compiled_windows.tf_padded_plan(parts, made, req)
+        if padded is not None:
+            plan = tf.function(lambda: padded()[:4], autograph=False)
         else:
-            plan = tf.function(lambda: rb._sample_plan(BATCH, None, transform), autograph=False, jit_compile=True)
+            draw = lambda: sample.plan(parts, made.view(parts, req), req)  # noqa: E731
+            plan = tf.function(draw, autograph=False, jit_compile=True)
         return Bench(plan.get_concrete_function())
-    return Bench(lambda: rb._exclusive(lambda: rb._sample_plan(BATCH, None, transform)))
+    view = parts.view(req.window, req.padded, made.draw, made.uniform, lambda a: a)
+
+    def numpy_draw():
+        with made.lock:
+            planned = made._compiled(parts, req, view) if req.window is not None or req.padded else None
+            return sample.plan(parts, view, req) if planned is None else planned
+
+    return Bench(numpy_draw)
 
 
 def gather_floor(twin: str, rb, capacity: int) -> Bench:
@@ -128,7 +140,7 @@ def gather_floor(twin: str, rb, capacity: int) -> Bench:
             return [tf.gather(v, rows) for v in leaves]
 
         return Bench(tf.function(read, autograph=False).get_concrete_function())
-    arrays = [a for name, a in rb._arrays.items() if name.startswith("storage/")]
+    arrays = [a for name, a in rb._twin.arrays.items() if name.startswith("storage/")]
     rng, steps = np.random.default_rng(1), np.arange(STEPS) * SEGMENTS
 
     def take():

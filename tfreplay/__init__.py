@@ -11,16 +11,6 @@ from typing import Any
 
 from tfreplay._src.api import BufferInfo, ReplayBuffer
 from tfreplay._src.episodes import EpisodeRule
-from tfreplay._src.rate_limiter import (
-    BufferClosedError,
-    MinSize,
-    RateLimiter,
-    RateLimiterInfo,
-    RateLimitTimeoutError,
-    SampleToInsertRatio,
-)
-from tfreplay._src.samplers.prioritized import PrioritizedSampler
-from tfreplay._src.samplers.uniform import UniformSampler
 from tfreplay._src.storage import frame_data_spec
 from tfreplay.buffers import (
     PyFrameReplayBuffer,
@@ -33,6 +23,15 @@ from tfreplay.buffers import (
     TFUniformReplayBuffer,
     importance_weights,
 )
+from tfreplay.rate_limiting import (
+    BufferClosedError,
+    MinSize,
+    RateLimiter,
+    RateLimiterInfo,
+    RateLimitTimeoutError,
+    SampleToInsertRatio,
+)
+from tfreplay.samplers import PrioritizedSampler, UniformSampler
 from tfreplay.transforms import NStepReturns, Sequences, Transform, sequence_priorities
 
 __version__ = "0.1.0"

@@ -11,49 +11,90 @@
 | `TFPrioritizedFrameReplayBuffer` | `tf.Variable`s | frames (each once) | prioritized over valid transitions |
 | `PyPrioritizedFrameReplayBuffer` | NumPy arrays | frames (each once) | prioritized over valid transitions |
 
-A new kind of buffer is a new sampler (`core/samplers/`) or storage
-(`core/storage.py`) passed here, e.g.
-`TFBuffer(spec, 4, 1000, rows_storage, MySampler(), "auto", scope="rb", device="cpu:*", seed=0)`.
+Each is a thin subclass of the one `Buffer` class (`tfreplay.compose.Buffer`):
+its constructor picks the twin, storage and sampler. A new kind of buffer is
+a new sampler or storage passed the same way (see `tfreplay.compose`).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import tensorflow as tf
 
-from tfreplay._src import specs
+from tfreplay._src.buffer import Buffer
 from tfreplay._src.episodes import EpisodeRule
 from tfreplay._src.rate_limiter import RateLimiter
 from tfreplay._src.samplers.prioritized import PrioritizedSampler
 from tfreplay._src.samplers.uniform import UniformSampler
 from tfreplay._src.specs import Nest
-from tfreplay._src.storage import FrameStorage, RowStorage
-from tfreplay._src.twin_py import PyBuffer
-from tfreplay._src.twin_tf import TFBuffer
+from tfreplay._src.storage import frames
+from tfreplay._src.twin_numpy import NumpyTwin, numpy_layout
+from tfreplay._src.twin_tf import TFTwin
 
 
-def rows_storage(buffer: Any, make: Any) -> RowStorage:
-    """The storage of spec rows, for a twin's `storage` argument."""
-    return RowStorage(buffer._data_spec, buffer._leaf_paths, buffer._capacity, make)
+def update_priorities(self: Buffer, ids: Any, priorities: Any) -> Any:
+    """Gives sampled items (their `BufferInfo.ids`) new priorities, eagerly or in a graph.
+
+    Items overwritten since they were sampled are left alone; returns how
+    many ids were such stale ones. New items enter at the largest priority
+    given so far; priority 0 means never drawn until raised.
+
+    Raises:
+      ValueError: priorities of another shape than `ids`, or negative, NaN
+        or infinite ones (in a graph: `InvalidArgumentError`); nothing changes.
+    """
+    return self._update_priorities(ids, priorities)
 
 
-def frame_storage(buffer: Any, make: Any, history_len: int) -> FrameStorage:
-    """The frame storage (each frame once), for a twin's `storage` argument (with `functools.partial`)."""
-    where = type(buffer).__name__
-    specs.check_positive_int(where, "history_len", history_len)
-    if buffer._max_length <= history_len:
-        raise ValueError(
-            f"{where}: max_length ({buffer._max_length}) must be greater than history_len "
-            f"({history_len}); a transition shows history_len + 1 frames of one segment."
-        )
-    return FrameStorage(
-        buffer._data_spec, buffer._max_length, buffer._num_segments, history_len, make, buffer.frame_stacks, where
-    )
+def _history_len(self: Buffer) -> int:
+    """Frames per stacked observation."""
+    return int(self._parts.storage.history_len)
 
 
-class TFUniformReplayBuffer(TFBuffer):
+def _transition_spec(self: Buffer) -> dict:
+    """The spec of one sampled transition."""
+    return dict(self._parts.storage.item_spec)
+
+
+def num_transitions(self: Buffer) -> Any:
+    """How many stored transitions can be drawn now (single steps)."""
+    twin, parts = self._twin, self._parts
+    window = parts.window
+
+    def count() -> Any:
+        num_adds, pos_counts = twin.ops.read(parts.num_adds), twin.ops.read(parts.pos_counts)
+        return window.count(num_adds, pos_counts, parts.pos_at, parts.max_length, 1, twin.ops)
+
+    return twin.exclusive(count)
+
+
+def _size(self: Buffer) -> int:
+    """How many items are stored now (TF-Agents' `PyUniformReplayBuffer.size`; also `num_frames()`)."""
+    return self._num_frames()
+
+
+def _device(self: Buffer) -> str:
+    """Where the variables live."""
+    return self._twin.device
+
+
+def _scope(self: Buffer) -> str:
+    """The name scope of the buffer's variables and ops."""
+    return self._twin.scope
+
+
+# What each kind of buffer adds to the API: one definition each, assigned in every class of the kind.
+TF_MEMBERS: dict[str, Any] = {"device": property(_device), "scope": property(_scope)}
+NUMPY_MEMBERS: dict[str, Any] = {"size": property(_size)}
+FRAME_MEMBERS: dict[str, Any] = {
+    "history_len": property(_history_len),
+    "transition_spec": property(_transition_spec),
+    "num_transitions": num_transitions,
+}
+
+
+class TFUniformReplayBuffer(Buffer):
     """A uniform replay buffer in `tf.Variable`s: graph-, XLA- and checkpoint-friendly.
 
     `batch_size` segments of `max_length` rows; `add_batch` writes row `b` of
@@ -80,6 +121,9 @@ class TFUniformReplayBuffer(TFBuffer):
         the learner; `close()` ends every wait.
     """
 
+    device = TF_MEMBERS["device"]
+    scope = TF_MEMBERS["scope"]
+
     def __init__(
         self,
         data_spec: Nest,
@@ -98,14 +142,11 @@ class TFUniformReplayBuffer(TFBuffer):
     ):
         super().__init__(
             data_spec,
-            batch_size,
-            max_length,
-            rows_storage,
-            UniformSampler(within_episodes),
-            episode_rule,
-            scope=scope,
-            device=device,
-            seed=seed,
+            TFTwin(scope, device, seed),
+            batch_size=batch_size,
+            max_length=max_length,
+            sampler=UniformSampler(within_episodes),
+            episode_rule=episode_rule,
             rate_limiter=rate_limiter,
             window_shift=dataset_window_shift,
             drop_remainder=dataset_drop_remainder,
@@ -113,7 +154,7 @@ class TFUniformReplayBuffer(TFBuffer):
         )
 
 
-class PyUniformReplayBuffer(PyBuffer):
+class PyUniformReplayBuffer(Buffer):
     """The NumPy twin of `TFUniformReplayBuffer`: same API, same semantics.
 
     Construct it the TF-Agents way, `PyUniformReplayBuffer(data_spec, capacity)`
@@ -123,6 +164,8 @@ class PyUniformReplayBuffer(PyBuffer):
     `get_next` and `gather_all` return NumPy arrays; `as_dataset` yields
     tensors. Checkpointable with `tf.train.Checkpoint`.
     """
+
+    size = NUMPY_MEMBERS["size"]
 
     def __init__(
         self,
@@ -140,45 +183,20 @@ class PyUniformReplayBuffer(PyBuffer):
         episode_rule: EpisodeRule | str | None = "auto",
         rate_limiter: RateLimiter | None = None,
     ):
+        segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            rows_storage,
-            UniformSampler(within_episodes),
-            episode_rule,
-            capacity=capacity,
-            batch_size=batch_size,
-            max_length=max_length,
-            seed=seed,
+            NumpyTwin(seed, lockstep),
+            batch_size=segments,
+            max_length=length,
+            sampler=UniformSampler(within_episodes),
+            episode_rule=episode_rule,
             rate_limiter=rate_limiter,
             name=name,
             window_shift=dataset_window_shift,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
         )
-
-
-class _FrameMixin:
-    """What both frame buffers add: `history_len`, `transition_spec`, `num_transitions`."""
-
-    _storage: Any
-
-    @property
-    def history_len(self) -> int:
-        return int(self._storage.history_len)
-
-    @property
-    def transition_spec(self) -> dict:
-        """The spec of one sampled transition."""
-        return dict(self._storage.item_spec)
-
-    def num_transitions(self) -> Any:
-        """How many stored transitions can be drawn now (single steps)."""
-
-        def count() -> Any:
-            view = self._view()  # type: ignore[attr-defined]
-            return view.window.count(view.num_adds, view.pos_counts, view.pos_at, view.max_length, 1, view.ops)
-
-        return self._exclusive(count)  # type: ignore[attr-defined]
 
 
 FRAMES_DOC = """Frame replay: each frame stored once, history stacks assembled at sample time.
@@ -196,7 +214,7 @@ segment, oldest first.
 """
 
 
-class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
+class TFFrameReplayBuffer(Buffer):
     __doc__ = (
         FRAMES_DOC
         + """
@@ -211,6 +229,13 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
       scope, device, dataset_drop_remainder, stateful_dataset, seed, rate_limiter: as `TFUniformReplayBuffer`.
     """
     )
+
+    history_len = FRAME_MEMBERS["history_len"]
+    transition_spec = FRAME_MEMBERS["transition_spec"]
+    num_transitions = FRAME_MEMBERS["num_transitions"]
+
+    device = TF_MEMBERS["device"]
+    scope = TF_MEMBERS["scope"]
 
     def __init__(
         self,
@@ -228,21 +253,19 @@ class TFFrameReplayBuffer(_FrameMixin, TFBuffer):
     ):
         super().__init__(
             data_spec,
-            batch_size,
-            max_length,
-            functools.partial(frame_storage, history_len=history_len),
-            UniformSampler(),
-            EpisodeRule(start="first"),
-            scope=scope,
-            device=device,
-            seed=seed,
+            TFTwin(scope, device, seed),
+            batch_size=batch_size,
+            max_length=max_length,
+            storage=frames(history_len),
+            sampler=UniformSampler(),
+            episode_rule=EpisodeRule(start="first"),
             rate_limiter=rate_limiter,
             drop_remainder=dataset_drop_remainder,
             stateful_dataset=stateful_dataset,
         )
 
 
-class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
+class PyFrameReplayBuffer(Buffer):
     __doc__ = (
         FRAMES_DOC
         + """
@@ -253,6 +276,12 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
     `add_sequence(items, segment)` lets environments advance at their own pace.
     """
     )
+
+    history_len = FRAME_MEMBERS["history_len"]
+    transition_spec = FRAME_MEMBERS["transition_spec"]
+    num_transitions = FRAME_MEMBERS["num_transitions"]
+
+    size = NUMPY_MEMBERS["size"]
 
     def __init__(
         self,
@@ -268,15 +297,15 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
         name: str = "PyFrameReplayBuffer",
         rate_limiter: RateLimiter | None = None,
     ):
+        segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            functools.partial(frame_storage, history_len=history_len),
-            UniformSampler(),
-            EpisodeRule(start="first"),
-            capacity=capacity,
-            batch_size=batch_size,
-            max_length=max_length,
-            seed=seed,
+            NumpyTwin(seed, lockstep),
+            batch_size=segments,
+            max_length=length,
+            storage=frames(history_len),
+            sampler=UniformSampler(),
+            episode_rule=EpisodeRule(start="first"),
             rate_limiter=rate_limiter,
             name=name,
             drop_remainder=dataset_drop_remainder,
@@ -294,26 +323,6 @@ class PyFrameReplayBuffer(_FrameMixin, PyBuffer):
         self._append_sequence("add_sequence", items, segment)
 
 
-class Prioritized:
-    """`update_priorities` for a buffer assembled with a prioritized sampler, e.g.
-    `class MyBuffer(Prioritized, TFBuffer)` with `PrioritizedSampler()` and any storage."""
-
-    _update_priorities: Any
-
-    def update_priorities(self, ids: Any, priorities: Any) -> Any:
-        """Gives sampled items (their `BufferInfo.ids`) new priorities, eagerly or in a graph.
-
-        Items overwritten since they were sampled are left alone; returns how
-        many ids were such stale ones. New items enter at the largest priority
-        given so far; priority 0 means never drawn until raised.
-
-        Raises:
-          ValueError: priorities of another shape than `ids`, or negative, NaN
-            or infinite ones (in a graph: `InvalidArgumentError`); nothing changes.
-        """
-        return self._update_priorities(ids, priorities)
-
-
 def importance_weights(probabilities: Any, num_items: Any, beta: Any) -> Any:
     """Importance-sampling weights `(N * P(i)) ** -beta`, divided by their maximum (Schaul et al. 2016).
 
@@ -326,7 +335,7 @@ def importance_weights(probabilities: Any, num_items: Any, beta: Any) -> Any:
     return weights / tf.reduce_max(weights)
 
 
-class TFPrioritizedReplayBuffer(Prioritized, TFBuffer):
+class TFPrioritizedReplayBuffer(Buffer):
     """Proportional prioritized replay in `tf.Variable`s: the API of `TFUniformReplayBuffer` plus priorities.
 
     A window is drawn with probability `priority ** alpha / sum` of its first
@@ -341,6 +350,11 @@ class TFPrioritizedReplayBuffer(Prioritized, TFBuffer):
         windows inside episodes are single items (`num_steps` None or 1).
       episode_rule: which fields mark boundaries (default: detected from the spec).
     """
+
+    update_priorities = update_priorities
+
+    device = TF_MEMBERS["device"]
+    scope = TF_MEMBERS["scope"]
 
     def __init__(
         self,
@@ -359,25 +373,26 @@ class TFPrioritizedReplayBuffer(Prioritized, TFBuffer):
     ):
         super().__init__(
             data_spec,
-            batch_size,
-            max_length,
-            rows_storage,
-            PrioritizedSampler(alpha, within_episodes),
-            episode_rule,
-            scope=scope,
-            device=device,
-            seed=seed,
+            TFTwin(scope, device, seed),
+            batch_size=batch_size,
+            max_length=max_length,
+            sampler=PrioritizedSampler(alpha, within_episodes),
+            episode_rule=episode_rule,
             rate_limiter=rate_limiter,
             stateful_dataset=stateful_dataset,
         )
 
 
-class PyPrioritizedReplayBuffer(Prioritized, PyBuffer):
+class PyPrioritizedReplayBuffer(Buffer):
     """The NumPy twin of `TFPrioritizedReplayBuffer`.
 
     Built as `(data_spec, capacity)` (one ring) or `(data_spec, batch_size=B, max_length=L)`, like
     `PyUniformReplayBuffer`.
     """
+
+    update_priorities = update_priorities
+
+    size = NUMPY_MEMBERS["size"]
 
     def __init__(
         self,
@@ -393,15 +408,14 @@ class PyPrioritizedReplayBuffer(Prioritized, PyBuffer):
         episode_rule: EpisodeRule | str | None = "auto",
         rate_limiter: RateLimiter | None = None,
     ):
+        segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            rows_storage,
-            PrioritizedSampler(alpha, within_episodes),
-            episode_rule,
-            capacity=capacity,
-            batch_size=batch_size,
-            max_length=max_length,
-            seed=seed,
+            NumpyTwin(seed, lockstep),
+            batch_size=segments,
+            max_length=length,
+            sampler=PrioritizedSampler(alpha, within_episodes),
+            episode_rule=episode_rule,
             rate_limiter=rate_limiter,
             name=name,
         )
@@ -417,7 +431,7 @@ PRIORITIZED_FRAMES_DOC = """
 """
 
 
-class TFPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, TFBuffer):
+class TFPrioritizedFrameReplayBuffer(Buffer):
     __doc__ = (
         FRAMES_DOC
         + PRIORITIZED_FRAMES_DOC
@@ -427,6 +441,15 @@ class TFPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, TFBuffer):
       alpha: how much priorities count (0: uniform over transitions).
     """
     )
+
+    history_len = FRAME_MEMBERS["history_len"]
+    transition_spec = FRAME_MEMBERS["transition_spec"]
+    num_transitions = FRAME_MEMBERS["num_transitions"]
+
+    update_priorities = update_priorities
+
+    device = TF_MEMBERS["device"]
+    scope = TF_MEMBERS["scope"]
 
     def __init__(
         self,
@@ -444,20 +467,18 @@ class TFPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, TFBuffer):
     ):
         super().__init__(
             data_spec,
-            batch_size,
-            max_length,
-            functools.partial(frame_storage, history_len=history_len),
-            PrioritizedSampler(alpha),
-            EpisodeRule(start="first"),
-            scope=scope,
-            device=device,
-            seed=seed,
+            TFTwin(scope, device, seed),
+            batch_size=batch_size,
+            max_length=max_length,
+            storage=frames(history_len),
+            sampler=PrioritizedSampler(alpha),
+            episode_rule=EpisodeRule(start="first"),
             rate_limiter=rate_limiter,
             stateful_dataset=stateful_dataset,
         )
 
 
-class PyPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, PyBuffer):
+class PyPrioritizedFrameReplayBuffer(Buffer):
     __doc__ = (
         FRAMES_DOC
         + PRIORITIZED_FRAMES_DOC
@@ -465,6 +486,14 @@ class PyPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, PyBuffer):
     The NumPy twin of `TFPrioritizedFrameReplayBuffer`, built like `PyFrameReplayBuffer`.
     """
     )
+
+    history_len = FRAME_MEMBERS["history_len"]
+    transition_spec = FRAME_MEMBERS["transition_spec"]
+    num_transitions = FRAME_MEMBERS["num_transitions"]
+
+    update_priorities = update_priorities
+
+    size = NUMPY_MEMBERS["size"]
 
     def __init__(
         self,
@@ -480,16 +509,16 @@ class PyPrioritizedFrameReplayBuffer(_FrameMixin, Prioritized, PyBuffer):
         name: str = "PyPrioritizedFrameReplayBuffer",
         rate_limiter: RateLimiter | None = None,
     ):
+        segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            functools.partial(frame_storage, history_len=history_len),
-            PrioritizedSampler(alpha),
-            EpisodeRule(start="first"),
-            capacity=capacity,
-            batch_size=batch_size,
-            max_length=max_length,
-            seed=seed,
-            name=name,
+            NumpyTwin(seed, lockstep),
+            batch_size=segments,
+            max_length=length,
+            storage=frames(history_len),
+            sampler=PrioritizedSampler(alpha),
+            episode_rule=EpisodeRule(start="first"),
             rate_limiter=rate_limiter,
+            name=name,
             stateful_dataset=stateful_dataset,
         )

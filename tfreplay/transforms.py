@@ -44,45 +44,19 @@ import collections.abc
 import dataclasses
 import functools
 import math
-import types
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src.ops import NUMPY_OPS
 from tfreplay._src.specs import Nest
 from tfreplay._src.transform import Transform, Window, _fields, _get, _replace, pad
-
-# Operations the core's `ops` namespaces do not need, for NumPy arrays and tensors.
-_NP = types.SimpleNamespace(  # ufunc reductions: the `sum` and `prod` methods cost a microsecond more per call
-    count1=lambda mask: np.add.reduce(mask, 1, np.int64),
-    sum1=lambda x: np.add.reduce(x, 1),
-    prod1=lambda x: np.multiply.reduce(x, 1),
-    pick=lambda x, i: x[np.arange(len(i)), i],
-    cast=lambda x, dtype: np.asarray(x, dtype),
-    dtype=lambda x: x.dtype,
-    rank=lambda x: x.ndim,
-)
-_TF = types.SimpleNamespace(
-    count1=lambda mask: tf.reduce_sum(tf.cast(mask, tf.int64), axis=1),
-    sum1=lambda x: tf.reduce_sum(x, axis=1),
-    prod1=lambda x: tf.reduce_prod(x, axis=1),
-    pick=lambda x, i: tf.gather(x, i, batch_dims=1),
-    cast=lambda x, dtype: tf.cast(x, dtype),
-    dtype=lambda x: x.dtype.as_numpy_dtype,
-    rank=lambda x: x.shape.rank,
-)
 
 
 @functools.lru_cache(maxsize=64)
 def _powers(gamma: float, n: int, dtype: Any) -> np.ndarray:
     """`gamma ** [0, ..., n]` in `dtype`, made once per transform and dtype."""
     return np.asarray(gamma ** np.arange(n + 1), dtype)
-
-
-def _arrays(ops: Any) -> types.SimpleNamespace:
-    return _NP if ops is NUMPY_OPS else _TF
 
 
 def _check_int(where: str, name: str, value: Any, least: int) -> None:
@@ -180,22 +154,21 @@ class NStepReturns(Transform):
 
     def __call__(self, items: Nest, mask: Any, ops: Any) -> Nest:
         """Items of `steps()`: reward and discount (or terminated) `[B, n]`, other fields at their one step."""
-        a = _arrays(ops)
         reward = _get(items, self.reward)
-        extra = a.rank(reward) - 2  # a reward's own axes
-        real = a.count1(mask)  # >= 1: a window's first item is always real
-        weights = _powers(self.gamma, self.n, a.dtype(reward))[: self.n].reshape([self.n] + [1] * extra)
+        extra = ops.rank(reward) - 2  # a reward's own axes
+        real = ops.count1(mask)  # >= 1: a window's first item is always real
+        weights = _powers(self.gamma, self.n, ops.dtype(reward))[: self.n].reshape([self.n] + [1] * extra)
         keep = ops.reshape(mask, list(mask.shape) + [1] * extra) if extra else mask
-        values = {self.reward: a.sum1(ops.where(keep, reward, 0) * weights)}
+        values = {self.reward: ops.sum1(ops.where(keep, reward, 0) * weights)}
         fields = items._fields if hasattr(items, "_fields") else list(items)
         if self.discount in fields:
             step_discount = _get(items, self.discount)
         else:  # from terminated, read whole for it: its last step is the output's
             terminated = _get(items, self.terminated)
-            step_discount = 1 - a.cast(terminated, a.dtype(reward))
-            values[self.terminated] = a.pick(terminated, real - 1)
-        bootstrap = ops.gather(_powers(self.gamma, self.n, a.dtype(step_discount)), real)
-        values[self.discount] = bootstrap * a.prod1(ops.where(mask, step_discount, 1))
+            step_discount = 1 - ops.cast(terminated, ops.dtype(reward))
+            values[self.terminated] = ops.pick(terminated, real - 1)
+        bootstrap = ops.gather(_powers(self.gamma, self.n, ops.dtype(step_discount)), real)
+        values[self.discount] = bootstrap * ops.prod1(ops.where(mask, step_discount, 1))
         return _replace(items, values)
 
 

@@ -8,7 +8,6 @@ ignore updates for items overwritten since.
 
 import itertools
 import pathlib
-import shutil
 import tempfile
 import threading
 
@@ -21,22 +20,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from scipy import stats
 
-from tfreplay import native
-from tfreplay._src.ops import NUMPY_OPS, TF_OPS
-from tfreplay._src.samplers import prioritized
-from tfreplay._src.samplers.prioritized import PrioritizedSampler
-from tfreplay._src.samplers.sum_tree import SumTree
-from tfreplay._src.storage import frame_data_spec
-from tfreplay._src.twin_py import PyBuffer
-from tfreplay._src.twin_tf import TFBuffer
-from tfreplay.buffers import (
-    Prioritized,
+from tfreplay import (
+    PrioritizedSampler,
     PyPrioritizedFrameReplayBuffer,
     PyPrioritizedReplayBuffer,
     TFPrioritizedFrameReplayBuffer,
     TFPrioritizedReplayBuffer,
+    compose,
+    frame_data_spec,
     importance_weights,
-    rows_storage,
+    native,
 )
 
 CLASSES = {"tf": TFPrioritizedReplayBuffer, "py": PyPrioritizedReplayBuffer}
@@ -250,20 +243,17 @@ def test_frame_windows_are_refused_beyond_one_step(kind):
 # --- the native sum tree against the array-op fallback -------------------------------------
 
 
-class TFAssembled(Prioritized, TFBuffer):
-    pass
+class Assembled(compose.Buffer):
+    """A prioritized buffer assembled from its parts (`tfreplay.compose`)."""
+
+    update_priorities = compose.update_priorities
 
 
-class PyAssembled(Prioritized, PyBuffer):
-    pass
-
-
-def assembled(kind, use_native, seed=5):
+def assembled(kind, use_native=True, seed=5, length=L, sampler=None):
     """`TFPrioritizedReplayBuffer` / `PyPrioritizedReplayBuffer` assembled with the compiled sum tree on or off."""
-    sampler = PrioritizedSampler(ALPHA, use_native=use_native)
-    if kind == "tf":
-        return TFAssembled(SPEC, B, L, rows_storage, sampler, None, scope="per", device="cpu:*", seed=seed)
-    return PyAssembled(SPEC, rows_storage, sampler, None, batch_size=B, max_length=L, seed=seed, name="per")
+    sampler = sampler or PrioritizedSampler(ALPHA, use_native=use_native)
+    twin = compose.TFTwin("per", seed=seed) if kind == "tf" else compose.NumpyTwin(seed)
+    return Assembled(SPEC, twin, batch_size=B, max_length=length, sampler=sampler, episode_rule=None)
 
 
 def sum_tree_of(rb, tmp_path) -> np.ndarray:
@@ -320,13 +310,19 @@ def test_a_bad_priority_in_a_graph_raises_and_changes_nothing(use_native):
     )
 
 
+class OlderTreeSampler(PrioritizedSampler):
+    """A sampler whose checkpoints say nothing of their tree's layout, as those from before the 8-ary tree."""
+
+    checkpoint_record: dict = {}
+
+
 @pytest.mark.parametrize("kind", sorted(CLASSES))
-def test_a_checkpoint_of_another_sum_tree_layout_is_refused(kind, tmp_path, monkeypatch):
+def test_a_checkpoint_of_another_sum_tree_layout_is_refused(kind, tmp_path):
     """Prioritized checkpoints from before the 8-ary tree (no `sum_tree` in their layout record) hold other
     inner sums: they are refused, never restored into wrong draws."""
-    monkeypatch.setattr(prioritized, "LAYOUT", None)  # a buffer whose layout record is the older one
-    old = filled(kind, seed=3)
-    monkeypatch.undo()
+    old = assembled(kind, seed=3, sampler=OlderTreeSampler(ALPHA))
+    for step in range(9):
+        old.add_batch(make_items(step * B + np.arange(B)))
     path = tf.train.Checkpoint(buffer=old).write(str(tmp_path / "ckpt"))
     rb = filled(kind, seed=4)
     rb.update_priorities(live_ids(9), np.arange(1.0, 13.0))
@@ -450,54 +446,28 @@ TestPySumTree = pytest.mark.slow(PySumTreeModel.TestCase)
 TestTFSumTree = pytest.mark.slow(TFSumTreeModel.TestCase)
 
 
-# --- the two twins' trees: same targets, same rows --------------------------------------------
+# --- the two twins' trees: the same updates build the same tree -------------------------------------
 
 
 @needs_native
-def test_both_twins_and_both_paths_descend_and_update_alike():
-    """The same sets and targets on a NumPy array and a TF variable, native and array ops: bit-identical trees
-    and the same rows (only the twins' random streams differ, so their samples agree in distribution)."""
+def test_both_twins_and_both_paths_build_the_same_tree(tmp_path):
+    """The same adds and updates on a NumPy and a TF buffer, compiled and in array ops: within a twin one tree,
+    bit for bit; every tree holds exactly the documented sums of its leaves; across twins the leaves
+    (`priority ** alpha`, which TF computes as `exp(alpha * log(p))`) agree to a few ulps."""
     rng = np.random.default_rng(3)
-    rows = [rng.integers(0, 37, 20) for _ in range(6)]  # duplicates within a set included
-    values = [rng.uniform(0, 5, 20) ** 0.6 for _ in range(6)]
-    got = {}
-    for name, ops, use_native in [
-        ("np", NUMPY_OPS, True),
-        ("np-ops", NUMPY_OPS, False),
-        ("tf", TF_OPS, True),
-        ("tf-ops", TF_OPS, False),
-    ]:
-        is_tf = ops is TF_OPS
-
-        def make(_, shape, dtype, is_tf=is_tf):
-            return tf.Variable(tf.zeros(shape, dtype)) if is_tf else np.zeros(shape, dtype.as_numpy_dtype)
-
-        tree = SumTree(make, 37, use_native)
-        for r, v in zip(rows, values):
-            tree.set(ops, ops.to_int64(r), ops.to_float64(v))
-        array = np.asarray(tree.array)
-        leaves = array[64:]
-        # Stratified targets, plus every leaf's exact left edge (where rounding order would show).
-        edges = np.concatenate([[0.0], np.cumsum(leaves)[:-1]])
-        targets = np.concatenate([np.linspace(0, array[1], 300, endpoint=False), edges])
-        found, mass = tree.descend(ops, ops.to_float64(targets))
-        # The kernel descends 4 draws side by side: a count that is not a multiple of 4 ends with single ones.
-        odd, _ = tree.descend(ops, ops.to_float64(targets[::-1][:7]))
-        got[name] = (array, np.asarray(found), np.asarray(mass), np.asarray(odd))
-    for name in ("np-ops", "tf", "tf-ops"):
-        for a, b in zip(got["np"], got[name]):
-            np.testing.assert_array_equal(a, b, err_msg=name)
-
-
-def test_the_sum_tree_kernels_fall_back_when_they_cannot_be_built(monkeypatch, tmp_path, caplog):
-    monkeypatch.delenv("TFREPLAY_NATIVE", raising=False)  # a build is tried (the suite may run with it off)
-    monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
-    assert native.build("sum_tree.cc", [], "the sum-tree library", "using NumPy ops instead") is None
-    assert "building the sum-tree library failed; using NumPy ops instead" in caplog.text
-    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
-    assert native.build("sum_tree_ops.cc", [], "the sum-tree kernel", "using TF ops instead") is None
-    assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later
+    updates = [(rng.integers(0, 2 * B * L, 20), rng.uniform(0, 5, 20)) for _ in range(6)]  # duplicates included
+    trees = {}
+    for kind, use_native in itertools.product(sorted(CLASSES), [True, False]):
+        rb = assembled(kind, use_native, length=L)
+        for step, (ids, values) in enumerate(updates):
+            rb.add_batch(make_items(step * B + np.arange(B)))
+            rb.add_batch(make_items((step + 6) * B + np.arange(B)))
+            rb.update_priorities(ids, values)
+        trees[kind, use_native] = sum_tree_of(rb, tmp_path)
+    for (kind, use_native), tree in trees.items():
+        np.testing.assert_array_equal(tree, trees[kind, True], err_msg=f"{kind}, compiled: {use_native}")
+        np.testing.assert_array_equal(tree, tree_above(tree[len(tree) // 2 :]), err_msg=kind)
+        np.testing.assert_allclose(tree, trees["py", True], rtol=1e-14, err_msg=kind)
 
 
 # --- updates beside adds (the TF twin's compiled update takes no buffer lock) ----------------------
@@ -508,11 +478,7 @@ def test_an_update_racing_an_add_never_lands_on_the_item_that_overwrote_its_own(
     """One thread fills the ring twice while another keeps updating the first lap's items the next adds overwrite
     (priorities below 1, so new items enter at 1). No second-lap item is ever updated: each leaf must still be 1."""
     length, done, added = 64, threading.Event(), [0]
-    sampler = PrioritizedSampler(ALPHA)
-    if kind == "tf":
-        rb = TFAssembled(SPEC, B, length, rows_storage, sampler, None, scope="race", device="cpu:*", seed=1)
-    else:
-        rb = PyAssembled(SPEC, rows_storage, sampler, None, batch_size=B, max_length=length, seed=1, name="race")
+    rb = assembled(kind, seed=1, length=length)
 
     def updates(ids, priorities):  # many updates per call (in a graph for TF): some land inside an add
         for _ in tf.range(32) if kind == "tf" else range(4):

@@ -1,7 +1,9 @@
 """The abstract replay buffer API, as in `tf_agents.replay_buffers`.
 
-Public methods check their arguments once and then call a protected hook that
-each variant implements. A TF-Agents user switches by changing the import.
+Public methods check their arguments once (`_sample_request`: a request the
+hooks receive) and then call a protected hook that each implementation
+provides (`buffer.Buffer`, the sharded service's client). A TF-Agents user
+switches by changing the import.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
-from tfreplay._src import checkpoint, specs
+from tfreplay._src import specs
 from tfreplay._src.gate import Gate
 from tfreplay._src.specs import Nest
 
@@ -30,6 +32,19 @@ class BufferInfo(NamedTuple):
     probabilities: Any
 
 
+class SampleArgs(NamedTuple):
+    """A checked `get_next` / `as_dataset` request, as the default `_sample_request` makes it."""
+
+    sample_batch_size: int | None
+    num_steps: int | None
+    time_stacked: bool
+    transform: Any
+
+    @property
+    def size(self) -> int:
+        return self.sample_batch_size or 1
+
+
 def _is_variable(value: Any) -> bool:
     return isinstance(value, tf.Variable)
 
@@ -40,7 +55,7 @@ def counter_dataset() -> tf.data.Dataset:
     return tf.data.experimental.Counter()  # pragma: no cover (TF < 2.13)
 
 
-class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
+class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
     """Abstract base: a store of spec-shaped items that can be sampled.
 
     Args:
@@ -122,15 +137,14 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           BufferClosedError: after `close()` (in a graph: `tf.errors.OutOfRangeError`).
           RateLimitTimeoutError: the `rate_limiter` did not admit it in time.
         """
-        sample_batch_size, num_steps = self._sample_args("get_next", sample_batch_size, num_steps, transform)
-        if transform is not None and not time_stacked:
-            raise ValueError("get_next: time_stacked (False) must be True with a transform, which maps whole windows.")
-        size, gate = sample_batch_size or 1, self._gate
-        sample = lambda: self._get_next(sample_batch_size, num_steps, time_stacked, transform)  # noqa: E731
+        request = self._sample_request("get_next", sample_batch_size, num_steps, time_stacked, transform)
+        gate = self._gate
         if tf.executing_eagerly():
-            return gate.call("get_next", "sample", size, sample)
-        with tf.control_dependencies(gate.admit_op("get_next", "sample", size)):  # wait, then lock and sample
-            return sample()
+            if gate.idle:  # no rate limiter, not closed: nothing to wait for
+                return self._get_next(request)
+            return gate.call("get_next", "sample", request.size, lambda: self._get_next(request))
+        with tf.control_dependencies(gate.admit_op("get_next", "sample", request.size)):  # wait, then sample
+            return self._get_next(request)
 
     def as_dataset(
         self,
@@ -161,7 +175,7 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
           transform: as in `get_next`, applied to every element's sample.
         """
         self._gate.check_open("as_dataset")
-        sample_batch_size, num_steps = self._sample_args("as_dataset", sample_batch_size, num_steps, transform)
+        request = self._sample_request("as_dataset", sample_batch_size, num_steps, True, transform)
         if transform is not None and single_deterministic_pass:
             raise ValueError("as_dataset: transform must be None with single_deterministic_pass (which does not draw).")
         if num_parallel_calls not in (None, tf.data.AUTOTUNE):
@@ -169,9 +183,9 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         if sequence_preprocess_fn is not None and not callable(sequence_preprocess_fn):
             raise TypeError(f"as_dataset: sequence_preprocess_fn ({sequence_preprocess_fn!r}) must be callable.")
         if single_deterministic_pass:
-            ds = self._single_pass_dataset(sample_batch_size, num_steps, num_parallel_calls)
+            ds = self._single_pass_dataset(request, num_parallel_calls)
         else:
-            ds = self._sample_dataset(sample_batch_size, num_steps, num_parallel_calls, transform)
+            ds = self._sample_dataset(request, num_parallel_calls)
         if sequence_preprocess_fn is not None:
             fn = sequence_preprocess_fn
             ds = ds.map(lambda items, info: (fn(items), info), num_parallel_calls=num_parallel_calls)
@@ -181,20 +195,14 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
             ds = ds.with_options(options)
         return ds
 
-    def _sample_dataset(
-        self,
-        sample_batch_size: int | None,
-        num_steps: int | None,
-        num_parallel_calls: int | None,
-        transform: Any = None,
-    ) -> tf.data.Dataset:
+    def _sample_dataset(self, request: Any, num_parallel_calls: int | None) -> tf.data.Dataset:
         """Fresh samples, one drawn per element, each once the rate limiter admits it; endless until `close()`.
 
         Parallel draws are delivered as they finish (`deterministic=False`): elements are independent
         draws, and which call gets which draw was never ordered, so in-order delivery would only make
         each element wait for the slowest call before it."""
-        return self._gate.ticks(counter_dataset(), sample_batch_size or 1).map(
-            lambda _: self._sample_tensors(sample_batch_size, num_steps, transform),
+        return self._gate.ticks(counter_dataset(), request.size).map(
+            lambda _: self._sample_tensors(request),
             num_parallel_calls=num_parallel_calls,
             deterministic=None if num_parallel_calls is None else False,
         )
@@ -220,14 +228,13 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
         """
         self._gate.close()
 
-    def _sample_args(self, where: str, sample_batch_size: Any, num_steps: Any, transform: Any) -> tuple[Any, Any]:
-        """The sizes as Python ints (scalar tensors and NumPy integers too), checked."""
+    def _sample_request(
+        self, where: str, sample_batch_size: Any, num_steps: Any, time_stacked: bool, transform: Any
+    ) -> Any:
+        """The checked request the sampling hooks receive (sizes as Python ints: scalar tensors and NumPy
+        integers too); it has a `size` (windows per sample)."""
         sample_batch_size = specs.static_int(where, "sample_batch_size", sample_batch_size)
         num_steps = specs.static_int(where, "num_steps", num_steps)
-        self._check_sample_args(where, sample_batch_size, num_steps, transform)
-        return sample_batch_size, num_steps
-
-    def _check_sample_args(self, where: str, sample_batch_size: Any, num_steps: Any, transform: Any = None) -> None:
         specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)
         specs.check_positive_int(where, "num_steps", num_steps, allow_none=True)
         longest = self._max_window()
@@ -236,6 +243,9 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
                 f"{where}: num_steps ({num_steps}) must be at most max_length ({longest}); "
                 "a window is drawn from one segment, which never holds more."
             )
+        if transform is not None and not time_stacked:
+            raise ValueError(f"{where}: time_stacked (False) must be True with a transform, which maps whole windows.")
+        return SampleArgs(sample_batch_size, num_steps, time_stacked, transform)
 
     @abc.abstractmethod
     def _max_window(self) -> int:
@@ -248,20 +258,14 @@ class ReplayBuffer(checkpoint.RestoreGuard, tf.Module, metaclass=abc.ABCMeta):
     def _add_batch(self, items: Nest) -> Any: ...
 
     @abc.abstractmethod
-    def _get_next(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
-    ) -> Any: ...
+    def _get_next(self, request: Any) -> Any: ...
 
     @abc.abstractmethod
-    def _sample_tensors(
-        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
-    ) -> tuple[Nest, BufferInfo]:
+    def _sample_tensors(self, request: Any) -> tuple[Nest, BufferInfo]:
         """One time-stacked sample as tensors, usable inside a dataset map."""
 
     @abc.abstractmethod
-    def _single_pass_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
-    ) -> tf.data.Dataset: ...
+    def _single_pass_dataset(self, request: Any, num_parallel_calls: int | None) -> tf.data.Dataset: ...
 
     @abc.abstractmethod
     def _gather_all(self) -> Nest: ...

@@ -47,9 +47,10 @@ class Gate:
         if limiter is not None:
             limiter._bind(owner, capacity, insert_size)
         self.limiter, self._closed = limiter, False
+        self.idle = limiter is None  # nothing to wait for or refuse: no limiter, not closed
 
     def close(self) -> None:
-        self._closed = True
+        self._closed, self.idle = True, False
         if self.limiter is not None:
             self.limiter._close()
 
@@ -191,11 +192,12 @@ class Gate:
     def loading(self, stored: Callable[[], Any]) -> Iterator[None]:
         """Eager adds inside pass without the limiter (a migration refilling the buffer, which no learner reads
         yet); after them the limiter's counts follow the rule for a checkpoint without counts."""
-        limiter, self.limiter = self.limiter, None
+        limiter, idle = self.limiter, self.idle
+        self.limiter, self.idle = None, not self._closed
         try:
             yield
         finally:
-            self.limiter = limiter
+            self.limiter, self.idle = limiter, idle
             self.restored(None, stored)
 
     def _refuse_xla(self, where: str) -> None:

@@ -19,6 +19,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from tfreplay import native
+from tfreplay._src import kernels, stacks
+
 try:  # XLA has no mutex op and cannot raise: the twins check this to skip locks and assertions.
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
 except ImportError:  # pragma: no cover
@@ -47,6 +50,18 @@ def _np_gather(x: np.ndarray, i: Any) -> np.ndarray:
     if getattr(i, "ndim", 0) == 2 and i.flags.f_contiguous and not i.flags.c_contiguous:
         return x.take(i.T, axis=0).swapaxes(0, 1)
     return x.take(i, axis=0)
+
+
+def _np_gather_each(arrays: list, i: Any) -> list:
+    """`_np_gather` of every array at the same rows, in one call (a sample reads each leaf)."""
+    out = []
+    if getattr(i, "ndim", 0) == 2 and i.flags.f_contiguous and not i.flags.c_contiguous:
+        for x in arrays:
+            out.append(x.take(i.T, axis=0).swapaxes(0, 1))
+    else:
+        for x in arrays:
+            out.append(x.take(i, axis=0))
+    return out
 
 
 def _np_assign(array: np.ndarray, value: Any) -> None:
@@ -88,6 +103,23 @@ def _tf_rare(common: Any, then: Callable[[], Any], otherwise: Callable[[], Any])
     return out
 
 
+def _tf_running_sum0(x: tf.Tensor) -> tf.Tensor:
+    """Running sums along axis 0, added first to last (`tf.cumsum` may add in another order)."""
+    rows = tf.unstack(x, axis=0)
+    running = [rows[0]]
+    for row in rows[1:]:
+        running.append(running[-1] + row)
+    return tf.stack(running)
+
+
+def _tf_frame_stacks(frames: tf.Variable, rows: tf.Tensor, history_len: int, num_steps: int | None) -> Any:
+    """Frame stacks by the native op where it is built and the frames are on the CPU outside XLA, else by XLA."""
+    op = native.frame_stack() if stacks.on_cpu(frames) and not under_xla() else None
+    if op is None:
+        return stacks.tf_stacks(frames, rows, history_len, num_steps)
+    return stacks.kernel_stacks(op, frames, rows, history_len, num_steps)
+
+
 def _np_loop(cond: Callable, body: Callable, state: tuple, most: int) -> tuple:
     for _ in range(most):
         if not cond(*state):
@@ -97,6 +129,7 @@ def _np_loop(cond: Callable, body: Callable, state: tuple, most: int) -> tuple:
 
 
 NUMPY_OPS = types.SimpleNamespace(
+    name="numpy",
     minimum=np.minimum,
     maximum=np.maximum,
     power=np.power,
@@ -105,6 +138,7 @@ NUMPY_OPS = types.SimpleNamespace(
     stack=lambda xs, axis: np.stack(xs, axis),
     probability=lambda shape, total: np.full(shape, 1.0 / total if total else 0.0, np.float32),
     gather=_np_gather,
+    gather_each=_np_gather_each,
     where=np.where,
     cumsum=np.cumsum,
     cummax0=lambda x: np.maximum.accumulate(x, axis=0),
@@ -138,9 +172,26 @@ NUMPY_OPS = types.SimpleNamespace(
     loop=_np_loop,
     concat=lambda parts: np.concatenate(parts, 0),
     outer_reshape=lambda x, like: x.reshape(np.shape(like) + x.shape[1:]),
+    running_sum0=lambda x: np.add.accumulate(x, axis=0),  # adds first to last, as the TF loop does
+    max0=lambda x: x.max(axis=0),
+    sum0=lambda x: np.add.reduce(x, 0),
+    # Transforms (ufunc reductions: the `sum` and `prod` methods cost a microsecond more per call).
+    count1=lambda mask: np.add.reduce(mask, 1, np.int64),
+    sum1=lambda x: np.add.reduce(x, 1),
+    prod1=lambda x: np.multiply.reduce(x, 1),
+    pick=lambda x, i: x[np.arange(len(i)), i],
+    cast=lambda x, dtype: np.asarray(x, dtype),
+    dtype=lambda x: x.dtype,
+    rank=lambda x: x.ndim,
+    # Compiled code: the sum tree's (None without the library; the tree array is never replaced, so a NumPy
+    # kernel is looked up once) and the frame stacks (NumPy packs whole words: no kernel needed).
+    sum_tree_kernel=kernels.numpy_sum_tree,
+    fixed_kernels=True,
+    frame_stacks=stacks.np_stacks,
 )
 
 TF_OPS = types.SimpleNamespace(
+    name="tf",
     minimum=tf.minimum,
     maximum=tf.maximum,
     power=_tf_power,
@@ -149,6 +200,7 @@ TF_OPS = types.SimpleNamespace(
     stack=lambda xs, axis: tf.stack(xs, axis),
     probability=lambda shape, total: tf.fill(shape, tf.math.divide_no_nan(1.0, tf.cast(total, tf.float32))),
     gather=tf.gather,
+    gather_each=lambda arrays, rows: [tf.gather(x, rows) for x in arrays],
     where=tf.where,
     cumsum=tf.cumsum,
     cummax0=_tf_cummax0,
@@ -179,4 +231,18 @@ TF_OPS = types.SimpleNamespace(
     loop=lambda cond, body, state, most: tf.while_loop(cond, body, state, maximum_iterations=most),
     concat=lambda parts: tf.concat(parts, 0),
     outer_reshape=lambda x, like: tf.reshape(x, tf.concat([tf.shape(like), tf.shape(x)[1:]], 0)),
+    running_sum0=_tf_running_sum0,
+    max0=lambda x: tf.reduce_max(x, 0),
+    sum0=lambda x: tf.reduce_sum(x, 0),
+    count1=lambda mask: tf.reduce_sum(tf.cast(mask, tf.int64), axis=1),
+    sum1=lambda x: tf.reduce_sum(x, axis=1),
+    prod1=lambda x: tf.reduce_prod(x, axis=1),
+    pick=lambda x, i: tf.gather(x, i, batch_dims=1),
+    cast=lambda x, dtype: tf.cast(x, dtype),
+    dtype=lambda x: x.dtype.as_numpy_dtype,
+    rank=lambda x: x.shape.rank,
+    # Compiled code where it runs here, decided while tracing: the sum-tree ops need a CPU variable outside XLA.
+    sum_tree_kernel=lambda v: kernels.tf_sum_tree(v, under_xla(), stacks.on_cpu(v)),
+    fixed_kernels=False,
+    frame_stacks=_tf_frame_stacks,
 )

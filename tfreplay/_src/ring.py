@@ -57,9 +57,9 @@ def window_rows(
     segment: Any, t: Any, num_steps: int | None, max_length: int, num_segments: int, ops: Any
 ) -> tuple[Any, Any]:
     """Rows and ids of windows starting at local id `t`: `[B, num_steps]`, or `[B]` without steps."""
-    if num_steps is None:
-        return local_to_rows(t, segment, max_length, num_segments)
-    return local_to_rows(t[:, None] + ops.arange(num_steps)[None, :], segment[:, None], max_length, num_segments)
+    if num_steps is not None:
+        t, segment = t[:, None] + ops.arange(num_steps)[None, :], segment[:, None]
+    return (t % max_length) * num_segments + segment, t * num_segments + segment  # as `local_to_rows`
 
 
 def all_rows(num_adds: Any, max_length: int, num_segments: int, ops: Any) -> tuple[Any, Any]:

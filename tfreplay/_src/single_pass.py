@@ -1,4 +1,4 @@
-"""The deterministic pass: `as_dataset(single_deterministic_pass=True)`, shared by every composed buffer.
+"""The deterministic pass, `as_dataset(single_deterministic_pass=True)`: pure functions of a buffer's parts.
 
 Which windows exist is read when iteration starts; each element is read
 under the buffer's lock when the iterator reaches it, and refused if a
@@ -8,13 +8,14 @@ old ids).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import tensorflow as tf
 
-from tfreplay._src import episodes, ring
+from tfreplay._src import episodes, ring, write
 from tfreplay._src.api import BufferInfo
 from tfreplay._src.ops import TF_OPS
+from tfreplay._src.parts import Parts
 
 _OVERWRITTEN = (
     "as_dataset: a writer overwrote items of this single deterministic pass before it read them; "
@@ -22,143 +23,126 @@ _OVERWRITTEN = (
 )
 
 
-class SinglePass:
-    """What `ComposedBuffer` adds for the deterministic pass (it supplies the attributes used here)."""
+def dataset(
+    parts: Parts,
+    twin: Any,
+    sample_batch_size: int | None,
+    num_steps: int | None,
+    num_parallel_calls: int | None,
+    window_shift: int | None,
+    drop_remainder: bool,
+) -> tf.data.Dataset:
+    """Every stored window once, in order; which windows exist is read when iteration starts.
 
-    _ops: Any
-    _window: Any
-    _storage: Any
-    _num_adds: Any
-    _num_segments: int
-    _max_length: int
-    _window_shift: int | None
-    _drop_remainder: bool
-    _pos_at: Callable[[Any], Any]
-    _check: Callable[[Any, Any, str], Any]
-    _call_tensors: Callable[[Callable, list, Any], Any]
-    _valid_starts: Callable[[int, bool], tuple[Any, Any]]
+    Ring windows: segment by segment (or `sample_batch_size` segments side
+    by side), `num_steps` items shifted by `window_shift`. Through the
+    episode index: every valid window whose end is a multiple of `num_steps`
+    into its episode, in `gather_all` order. An element is read under the
+    lock (`twin.call_tensors`), and if a writer has overwritten any of its
+    items since the pass began, reading it raises (`twin.check`) instead of
+    pairing new items with old ids.
+    """
+    single = sample_batch_size is None
+    if parts.window is None:
+        if drop_remainder and sample_batch_size is not None and sample_batch_size > parts.num_segments:
+            raise ValueError(
+                f"as_dataset: sample_batch_size ({sample_batch_size}) must be at most batch_size "
+                f"({parts.num_segments}) with dataset_drop_remainder=True, or every batch is dropped."
+            )
+        ds = _ring_pass(parts, twin, sample_batch_size, num_steps, window_shift, drop_remainder)
+    else:
+        n = num_steps or 1
+        spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64))
+        starts = tf.data.Dataset.range(1).flat_map(
+            lambda _: tf.data.Dataset.from_tensor_slices(
+                twin.call_tensors(lambda: write.valid_starts(parts, n, True), [], spec)
+            )
+        )
+        batched = starts.batch(sample_batch_size or 1, drop_remainder=bool(sample_batch_size) and drop_remainder)
+        ds = batched.map(lambda s, t: (s, t, _pass_ids(parts, s, t, num_steps, single)))
+    return ds.map(
+        lambda s, t, ids: _element(parts, twin, s, t, ids, num_steps, single), num_parallel_calls=num_parallel_calls
+    )
 
-    def _single_pass_dataset(
-        self, sample_batch_size: int | None, num_steps: int | None, num_parallel_calls: int | None
-    ) -> tf.data.Dataset:
-        """Every stored window once, in order; which windows exist is read when iteration starts.
 
-        Ring windows: segment by segment (or `sample_batch_size` segments side
-        by side), `num_steps` items shifted by `dataset_window_shift`. Through
-        the episode index: every valid window whose end is a multiple of
-        `num_steps` into its episode, in `gather_all` order. An element is
-        read under the lock, and if a writer has overwritten any of its items
-        since the pass began, reading it raises instead of pairing new items
-        with old ids.
-        """
-        if self._drop_remainder and sample_batch_size is not None and sample_batch_size > self._num_segments:
-            if self._window is None:
-                raise ValueError(
-                    f"as_dataset: sample_batch_size ({sample_batch_size}) must be at most batch_size "
-                    f"({self._num_segments}) with dataset_drop_remainder=True, or every batch is dropped."
-                )
-        if self._window is None:
-            ds = self._ring_pass(sample_batch_size, num_steps)
+def _pass_ids(parts: Parts, segment: Any, t: Any, num_steps: int | None, single: bool) -> Any:
+    ids = ring.window_rows(segment, t, num_steps, parts.max_length, parts.num_segments, TF_OPS)[1]
+    return ids[0] if single else ids
+
+
+def _ring_pass(
+    parts: Parts, twin: Any, sample_batch_size: int | None, num_steps: int | None, window_shift: Any, drop: bool
+) -> tf.data.Dataset:
+    """`(segment, start, ids)` of ring windows, TF-Agents' order."""
+    size, segments, shift = parts.max_length, parts.num_segments, window_shift or num_steps
+
+    def windows(ds: tf.data.Dataset, drop_last: bool) -> tf.data.Dataset:
+        if num_steps is None:
+            return ds
+        return ds.window(num_steps, shift=shift).flat_map(lambda local: local.batch(num_steps, drop_last))
+
+    def index_dataset(num_adds: tf.Tensor) -> tf.data.Dataset:
+        min_id, num_live = ring.live_range(num_adds[0], size, TF_OPS)
+        local = min_id + tf.range(num_live, dtype=tf.int64)
+        if sample_batch_size is None:
+            return tf.data.Dataset.range(segments).flat_map(
+                lambda s: windows(tf.data.Dataset.from_tensor_slices(local), drop).map(lambda w: (s, w))
+            )
+
+        def group(segs: tf.Tensor) -> tf.data.Dataset:
+            return windows(tf.data.Dataset.from_tensor_slices(local), True).map(lambda w: (segs, w))
+
+        return tf.data.Dataset.range(segments).batch(sample_batch_size, drop).flat_map(group)
+
+    num_adds = tf.data.Dataset.range(1).map(
+        lambda _: twin.call_tensors(lambda: parts.ops.read(parts.num_adds), [], tf.TensorSpec([segments], tf.int64))
+    )
+
+    def ids_of(s: tf.Tensor, local: tf.Tensor) -> tuple:
+        if sample_batch_size is None or num_steps is None:
+            ids = ring.local_to_rows(local, s, size, segments)[1]
         else:
-            n = num_steps or 1
-            starts = tf.data.Dataset.range(1).flat_map(
-                lambda _: tf.data.Dataset.from_tensor_slices(
-                    self._call_tensors(
-                        lambda: self._valid_starts(n, True),
-                        [],
-                        (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)),
-                    )
-                )
-            )
-            batched = starts.batch(
-                sample_batch_size or 1, drop_remainder=bool(sample_batch_size) and self._drop_remainder
-            )
-            ds = batched.map(lambda s, t: (s, t, self._pass_ids(s, t, num_steps, sample_batch_size is None)))
-        return ds.map(
-            lambda s, t, ids: self._pass_element(s, t, ids, num_steps, sample_batch_size is None),
-            num_parallel_calls=num_parallel_calls,
-        )
+            ids = ring.local_to_rows(local[None, :], s[:, None], size, segments)[1]
+        return s, local, ids
 
-    def _pass_ids(self, segment: Any, t: Any, num_steps: int | None, single: bool) -> Any:
-        ids = ring.window_rows(segment, t, num_steps, self._max_length, self._num_segments, TF_OPS)[1]
-        return ids[0] if single else ids
+    return num_adds.flat_map(index_dataset).map(ids_of)
 
-    def _ring_pass(self, sample_batch_size: int | None, num_steps: int | None) -> tf.data.Dataset:
-        """`(segment, start, ids)` of ring windows, TF-Agents' order."""
-        size, segments, shift = self._max_length, self._num_segments, self._window_shift or num_steps
 
-        def windows(ds: tf.data.Dataset, drop: bool) -> tf.data.Dataset:
-            if num_steps is None:
-                return ds
-            return ds.window(num_steps, shift=shift).flat_map(lambda local: local.batch(num_steps, drop))
+def _element(parts: Parts, twin: Any, segment: Any, t: Any, ids: Any, num_steps: int | None, single: bool) -> tuple:
+    """Reads one element of the deterministic pass by its ids, checking none was overwritten since."""
+    storage, outer = parts.storage, ids.shape.as_list()
 
-        def index_dataset(num_adds: tf.Tensor) -> tf.data.Dataset:
-            min_id, num_live = ring.live_range(num_adds[0], size, TF_OPS)
-            local = min_id + tf.range(num_live, dtype=tf.int64)
-            if sample_batch_size is None:
-                return tf.data.Dataset.range(segments).flat_map(
-                    lambda s: windows(tf.data.Dataset.from_tensor_slices(local), self._drop_remainder).map(
-                        lambda w: (s, w)
-                    )
-                )
+    def read(ids: Any) -> Any:
+        ops, length, segments = parts.ops, parts.max_length, parts.num_segments
+        flat = ops.reshape(ids, [-1])
+        seg, local = flat % segments, flat // segments
+        if parts.window is None:
+            ok = _still_live(parts, seg, local, 1)
+            items = storage.read(ring.local_to_rows(local, seg, length, segments)[0], None, ops)
+            items = tf.nest.map_structure(lambda x: ops.outer_reshape(x, ids), items)
+        else:
+            if num_steps is not None:  # one (segment, start) per window
+                seg, local = seg[::num_steps], local[::num_steps]
+            ok = _still_live(parts, seg, local, num_steps or 1)
+            step_rows, _ = ring.window_rows(seg, local, num_steps, length, segments, ops)
+            items = storage.read(storage.plan(seg, local, step_rows, num_steps, parts.pos_at, ops), num_steps, ops)
+            if single:
+                items = tf.nest.map_structure(lambda x: x[0], items)
+        return twin.check(ok, items, _OVERWRITTEN)
 
-            def group(segs: tf.Tensor) -> tf.data.Dataset:
-                return windows(tf.data.Dataset.from_tensor_slices(local), True).map(lambda w: (segs, w))
+    out_specs = tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), storage.item_spec)
+    items = twin.call_tensors(read, [ids], out_specs)
+    return items, BufferInfo(ids=ids, probabilities=())
 
-            return tf.data.Dataset.range(segments).batch(sample_batch_size, self._drop_remainder).flat_map(group)
 
-        num_adds = tf.data.Dataset.range(1).map(
-            lambda _: self._call_tensors(
-                lambda: self._ops.read(self._num_adds), [], tf.TensorSpec([segments], tf.int64)
-            )
-        )
-
-        def ids_of(s: tf.Tensor, local: tf.Tensor) -> tuple:
-            if sample_batch_size is None:
-                ids = ring.local_to_rows(local, s, size, segments)[1]
-            elif num_steps is None:
-                ids = ring.local_to_rows(local, s, size, segments)[1]
-            else:
-                ids = ring.local_to_rows(local[None, :], s[:, None], size, segments)[1]
-            return s, local, ids
-
-        return num_adds.flat_map(index_dataset).map(ids_of)
-
-    def _pass_element(self, segment: Any, t: Any, ids: Any, num_steps: int | None, single: bool) -> tuple:
-        """Reads one element of the deterministic pass by its ids, checking none was overwritten since."""
-        spec, outer = self._storage.item_spec, ids.shape.as_list()
-
-        def read(ids: Any) -> Any:
-            ops, length, segments = self._ops, self._max_length, self._num_segments
-            flat = ops.reshape(ids, [-1])
-            seg, local = flat % segments, flat // segments
-            if self._window is None:
-                ok = self._still_live(seg, local, 1)
-                items = self._storage.read(ring.local_to_rows(local, seg, length, segments)[0], None, ops)
-                items = tf.nest.map_structure(lambda x: ops.outer_reshape(x, ids), items)
-            else:
-                if num_steps is not None:  # one (segment, start) per window
-                    seg, local = seg[::num_steps], local[::num_steps]
-                ok = self._still_live(seg, local, num_steps or 1)
-                step_rows, _ = ring.window_rows(seg, local, num_steps, length, segments, ops)
-                plan = self._storage.plan(seg, local, step_rows, num_steps, self._pos_at, ops)
-                items = self._storage.read(plan, num_steps, ops)
-                if single:
-                    items = tf.nest.map_structure(lambda x: x[0], items)
-            return self._check(ok, items, _OVERWRITTEN)
-
-        out_specs = tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), spec)
-        items = self._call_tensors(read, [ids], out_specs)
-        return items, BufferInfo(ids=ids, probabilities=())
-
-    def _still_live(self, segment: Any, t: Any, n: int) -> Any:
-        """Whether windows at `t` show only items not overwritten since (the deterministic pass's check)."""
-        ops = self._ops
-        min_id, _ = ring.live_range(ops.gather(ops.read(self._num_adds), segment), self._max_length, ops)
-        window = self._window or episodes.Shape()
-        live = t - window.lead >= min_id
-        if window.history:
-            end = t + (n - 1)
-            end_pos = self._pos_at(ring.local_to_rows(end, segment, self._max_length, self._num_segments)[0])
-            live = live & (ops.maximum(t - window.history, end - end_pos) >= min_id)
-        return ops.all(live)
+def _still_live(parts: Parts, segment: Any, t: Any, n: int) -> Any:
+    """Whether windows at `t` show only items not overwritten since (the deterministic pass's check)."""
+    ops = parts.ops
+    min_id, _ = ring.live_range(ops.gather(ops.read(parts.num_adds), segment), parts.max_length, ops)
+    window = parts.window or episodes.Shape()
+    live = t - window.lead >= min_id
+    if window.history:
+        end = t + (n - 1)
+        end_pos = parts.pos_at(ring.local_to_rows(end, segment, parts.max_length, parts.num_segments)[0])
+        live = live & (ops.maximum(t - window.history, end - end_pos) >= min_id)
+    return ops.all(live)

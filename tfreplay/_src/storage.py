@@ -9,6 +9,12 @@ A storage is twin-agnostic: its arrays come from the twin's `make(name,
 shape, dtype)` (`tf.Variable`s or NumPy arrays) and every operation goes
 through an `ops` namespace. Reading a sample takes two steps: `plan`, cheap
 index math (compiled with the draw), and `read`, the bulk copy.
+
+A buffer takes a storage *factory*, `factory(data_spec, num_segments,
+max_length, make, where) -> storage`: `rows` or `frames(history_len)`. A
+storage has `window` (what a window needs of the episode index),
+`history_len` (None for rows), `item_spec`, `nbytes`, `write`, `plan`,
+`read` and `read_steps`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class RowStorage:
     """One array per spec leaf; an item is one row of each."""
 
     window = episodes.Shape(lead=0, history=0)
+    history_len = None
 
     def __init__(self, data_spec: Nest, paths: list[str], num_rows: int, make: Make, prefix: str = "storage"):
         self.data_spec = data_spec
@@ -56,11 +63,13 @@ class RowStorage:
         return step_rows
 
     def read(self, plan: Any, num_steps: int | None, ops: Any) -> Nest:
-        return tf.nest.pack_sequence_as(self.data_spec, [ops.gather(a, plan) for a in self.arrays])
+        return tf.nest.pack_sequence_as(self.data_spec, ops.gather_each(self.arrays, plan))
 
-    def read_leaves(self, rows: list, ops: Any) -> Nest:
-        """Each leaf at its own rows (`rows[i]` for leaf `i`): what a transform reads at one step only."""
-        return tf.nest.pack_sequence_as(self.data_spec, [ops.gather(a, r) for a, r in zip(self.arrays, rows)])
+    def read_steps(self, plan: Any, steps: list, first_rows: Any, last: Any, last_rows: Any, ops: Any) -> Nest:
+        """Windows' items with each leaf read at its step only (`steps[i]`: "first", "last" or None for the whole
+        window): what a transform reads at one step (`Transform.steps`)."""
+        rows = {None: plan, "first": first_rows, "last": last_rows}
+        return tf.nest.pack_sequence_as(self.data_spec, [ops.gather(a, rows[s]) for a, s in zip(self.arrays, steps)])
 
     @property
     def nbytes(self) -> int:
@@ -85,7 +94,6 @@ class FrameStorage:
         num_segments: int,
         history_len: int,
         make: Make,
-        stacks: Callable,
         where: str,
     ):
         frame, extras = split_frame_spec(where, data_spec)
@@ -97,7 +105,6 @@ class FrameStorage:
         self.frames = make("storage/frame", [num_rows + 1] + frame.shape.as_list(), frame.dtype)
         extras_paths = specs.leaf_paths(extras) if extras else []
         self.extras = RowStorage(extras, extras_paths, num_rows, make) if extras else None
-        self.stacks = stacks
 
     @property
     def item_spec(self) -> dict:
@@ -123,13 +130,46 @@ class FrameStorage:
 
     def read(self, plan: Any, num_steps: int | None, ops: Any) -> dict:
         frame_rows, step_rows = plan
-        obs, nxt = self.stacks(self.frames, frame_rows, self.history_len, num_steps)
+        obs, nxt = ops.frame_stacks(self.frames, frame_rows, self.history_len, num_steps)
         extras = self.extras.read(step_rows, num_steps, ops) if self.extras else {}
         return {"observation": obs, "next_observation": nxt, **extras}
+
+    def read_steps(self, plan: Any, steps: list, first_rows: Any, last: Any, last_rows: Any, ops: Any) -> dict:
+        """`RowStorage.read_steps` for stacks: whole windows are read, then each leaf's step picked."""
+        items = self.read(plan, plan[1].shape[1], ops)
+        n = plan[1].shape[1]
+        flat_last = ops.arange(last.shape[0]) * n + last
+
+        def pick(x: Any, step: str | None) -> Any:
+            if step is None:
+                return x
+            return x[:, 0] if step == "first" else ops.gather(ops.reshape(x, [-1] + list(x.shape[2:])), flat_last)
+
+        return tf.nest.pack_sequence_as(items, [pick(x, step) for x, step in zip(tf.nest.flatten(items), steps)])
 
     @property
     def nbytes(self) -> int:
         return _nbytes(self.frames) + (self.extras.nbytes if self.extras else 0)
+
+
+def rows(data_spec: Nest, num_segments: int, max_length: int, make: Make, where: str) -> RowStorage:
+    """The storage of spec rows: a buffer's `storage` argument."""
+    return RowStorage(data_spec, specs.leaf_paths(data_spec), num_segments * max_length, make)
+
+
+def frames(history_len: int) -> Callable[..., FrameStorage]:
+    """The frame storage (each frame once, stacks of `history_len` at sample time): a buffer's `storage` argument."""
+
+    def build(data_spec: Nest, num_segments: int, max_length: int, make: Make, where: str) -> FrameStorage:
+        specs.check_positive_int(where, "history_len", history_len)
+        if max_length <= history_len:
+            raise ValueError(
+                f"{where}: max_length ({max_length}) must be greater than history_len "
+                f"({history_len}); a transition shows history_len + 1 frames of one segment."
+            )
+        return FrameStorage(data_spec, max_length, num_segments, history_len, make, where)
+
+    return build
 
 
 def _nbytes(array: Any) -> int:

@@ -1,21 +1,11 @@
-"""The TF twin: a composed buffer in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
+"""The TF twin: a buffer's state in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
 
-Writes run in one `tf.CriticalSection`. Samples read without it (a
-versioned read): writers count the items they start and finish, a sample
-reads the finished count before its draw and the started count after its
-gather, and only a sample a write may have torn is drawn again, under the
-lock. A small sample needs no write to have started meanwhile, so its draw
-reads the index unlocked too; a large one (`UNLOCKED_READ_BYTES`) allows
-writes that land beside its rows, so while writers run, samplers still copy
-large samples in parallel (its draw then takes the lock, except plain
-uniform ring windows, which read nothing but one atomic `num_adds`). XLA
-has no mutex: under `jit_compile` the caller must not race; XLA cannot
-raise either, so there an empty buffer's samples carry probability 0.
-Eager calls go through concrete functions traced once per shape. Draws
-through the episode index are compiled with XLA, except padded windows over
-rows (n-step returns, padded sequences of a uniform buffer), which two
-compiled ops plan (`kernels/window_ops.cc`); frames are stacked by the
-native kernel on CPU (`tfreplay.native`).
+Writes run in one `tf.CriticalSection`; samples read without it, drawn again
+under it when a write may have torn them (`versioned.py`). XLA has no mutex:
+under `jit_compile` the caller must not race; XLA cannot raise either, so
+there an empty buffer's samples carry probability 0. Eager calls go through
+concrete functions traced once per kind of call. What a buffer asks of a
+twin is listed in `buffer.py`.
 """
 
 from __future__ import annotations
@@ -26,27 +16,12 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay import native
-from tfreplay._src import checkpoint, specs, stacks
+from tfreplay._src import sample, specs, versioned, write
 from tfreplay._src.api import BufferInfo
-from tfreplay._src.buffer import PRIORITIES_RULE, ComposedBuffer, check_priorities, variable_name
-from tfreplay._src.episodes import Shape
-from tfreplay._src.gate import Gate
+from tfreplay._src.checkpoint.layout import LayoutState
 from tfreplay._src.ops import TF_OPS, under_xla
-from tfreplay._src.samplers.uniform import UniformSampler
+from tfreplay._src.parts import Parts, Request
 from tfreplay._src.specs import Nest
-from tfreplay._src.storage import spec_nbytes
-
-# Samples of at least this many bytes allow writes beside their rows while they copy (see `TFBuffer._sample`):
-# there the copy costs more than the per-row overwrite check.
-UNLOCKED_READ_BYTES = 1 << 18
-
-
-class Untracked:
-    """Holds a value out of sight of `tf.Module` and checkpoint tracking (state that is not saved)."""
-
-    def __init__(self, value: Any):
-        self.value = value
 
 
 class EagerFunctions:
@@ -139,20 +114,6 @@ def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
     return out
 
 
-def _unless_torn(whole: tf.Tensor, kept: Callable[[], Any], redrawn: Callable[[], Any]) -> Any:
-    """`tf.cond(whole, kept, redrawn)` with the redraw one function call that is never inlined.
-
-    A graph's cond is lowered into switches, and each op of its untaken
-    branch still costs the executor a step: as one call op, the redraw
-    costs one. Measured per in-graph CartPole sample (TF 2.15): 46-48 µs
-    with windows of 2 and 30-31 µs with single items, against 50-52 / 33-35
-    inlined, 46-53 / 35-38 as a functional `If` (which runs its taken branch
-    as a function call), and 47 / 42-44 under the lock.
-    """
-    call = tf.function(redrawn, autograph=False, experimental_attributes={"_noinline": True})
-    return tf.cond(whole, kept, lambda: call())
-
-
 def resolve_seed(seed: Any) -> Any:
     """`seed`, or TF's global seed with an op seed (so buffers made under one global seed draw apart)."""
     if seed is not None:
@@ -161,110 +122,86 @@ def resolve_seed(seed: Any) -> Any:
     return None if global_seed is None else [global_seed, op_seed]
 
 
-class TFBuffer(ComposedBuffer):
-    """A composed buffer in `tf.Variable`s; public classes choose its storage and sampler.
+def variable_name(path: str) -> str:
+    """A valid TF name for a spec path (`'my obs'`, `'<item>'` are not)."""
+    name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", path).strip("/")
+    return name if re.match(r"[A-Za-z0-9.]", name) else f"v{name}"
 
-    `options`: `window_shift`, `drop_remainder`, `stateful_dataset`, as
-    `ComposedBuffer` takes them. `rate_limiter`: see `core/rate_limiter.py` and `core/gate.py`.
+
+class TFTwin:
+    """Variables, lock and generator of one TF buffer, and how its calls reach them.
+
+    Args:
+      scope: name scope of its variables and ops (any string).
+      device: where the variables live.
+      seed: of the sampling generator (`tf.random.Generator`); None: TF's global seed if set, else
+        nondeterministic.
     """
 
-    _ops = TF_OPS
+    ops = TF_OPS
+    is_tf = True
+    lockstep = True
 
-    def __init__(
-        self,
-        data_spec: Nest,
-        batch_size: int,
-        max_length: int,
-        storage: Callable,
-        sampler: Any,
-        episode_rule: Any,
-        *,
-        scope: str,
-        device: str,
-        seed: Any,
-        rate_limiter: Any = None,
-        **options: Any,
-    ):
-        self._device, self._scope, self._seed = device, scope, resolve_seed(seed)
-        name = re.sub(r"\W", "_", scope)  # a tf.Module name (an identifier); the scope may be any string
-        name = name if name[:1].isalpha() or name[:1] == "_" else f"buffer_{name}"
-        super().__init__(data_spec, batch_size, max_length, storage, sampler, episode_rule, name=name, **options)
-        object.__setattr__(self, "_gate", Gate(rate_limiter, type(self).__name__, self._capacity, batch_size))
-        self._layout_record = checkpoint.LayoutState(self.checkpoint_layout(), self._gate, self._num_frames)
-
-    @property
-    def device(self) -> str:
-        return self._device
-
-    @property
-    def scope(self) -> str:
-        return self._scope
-
-    def variables(self) -> tuple:
-        """Every variable of the buffer, the random generator's state and the write counters included
-        (what a v1 graph initializes; the counters are not checkpointed)."""
-        return super().variables() + (self._rng.state, self._started.value, self._finished.value)
-
-    def _init_state(self) -> None:
-        self._state: dict = {}
-        with tf.device(self._device), tf.name_scope(self._scope):
-            self._rng = (
+    def __init__(self, scope: str = "Buffer", device: str = "cpu:*", seed: Any = None):
+        self.scope, self.device, self.seed = scope, device, resolve_seed(seed)
+        self.state: dict[str, tf.Variable] = {}
+        with tf.device(device), tf.name_scope(scope):
+            self.rng = (
                 tf.random.Generator.from_non_deterministic_state()
-                if self._seed is None
-                else tf.random.Generator.from_seed(self._seed)
+                if self.seed is None
+                else tf.random.Generator.from_seed(self.seed)
             )
         # Its own mutex: eagerly created sections otherwise share one, and every buffer would wait for all others.
-        self._lock = tf.CriticalSection(name="lock", shared_name=f"tfreplay_lock_{uuid.uuid4().hex}")
-        self._eager = EagerFunctions()
-        self._native_stacks = True  # off: frames are stacked by XLA (tests compare both)
-        # Items writers started and finished per segment since the buffer was made: a sample read outside the
-        # lock checks them (see `_sample`). Not checkpoint state: only their changes matter.
-        with tf.device(self._device), tf.name_scope(self._scope):
-            zeros = tf.zeros([self._num_segments], tf.int64)
-            self._started = Untracked(tf.Variable(zeros, trainable=False, name="index/writes_started"))
-            self._finished = Untracked(tf.Variable(zeros, trainable=False, name="index/writes_finished"))
+        self.lock = tf.CriticalSection(name="lock", shared_name=f"tfreplay_lock_{uuid.uuid4().hex}")
+        self.eager = EagerFunctions()
+        self.counters: versioned.Counters | None = None
 
-    def _make(self, name: str, shape: list, dtype: tf.DType) -> tf.Variable:
-        with tf.device(self._device), tf.name_scope(self._scope):
+    def module_name(self, name: str | None) -> str:
+        """A `tf.Module` name (an identifier) from the scope, which may be any string."""
+        name = re.sub(r"\W", "_", self.scope)
+        return name if name[:1].isalpha() or name[:1] == "_" else f"buffer_{name}"
+
+    # What the parts are made with.
+    def make(self, name: str, shape: list, dtype: tf.DType) -> tf.Variable:
+        """A zero-filled variable, part of the checkpoint."""
+        with tf.device(self.device), tf.name_scope(self.scope):
             variable = tf.Variable(tf.zeros(shape, dtype), trainable=False, name=variable_name(name))
-        self._state[name] = variable
+        self.state[name] = variable
         return variable
 
-    def frame_stacks(self, frames: tf.Variable, rows: tf.Tensor, history_len: int, num_steps: int | None) -> Any:
-        """Stacks with the native kernel when it is built and the frames are on the CPU, else with XLA."""
-        op = native.frame_stack() if self._native_stacks and stacks.on_cpu(frames) and not under_xla() else None
-        if op is None:
-            return stacks.tf_stacks(frames, rows, history_len, num_steps)
-        return stacks.kernel_stacks(op, frames, rows, history_len, num_steps)
+    def exclusive(self, fn: Callable[[], Any]) -> Any:
+        return tf_exclusive(self.lock, fn)
 
-    def _exclusive(self, fn: Callable[[], Any]) -> Any:
-        return tf_exclusive(self._lock, fn)
+    def locked_call(self, fn: Callable[[], Any]) -> Any:
+        return locked_call(self.lock, fn)
 
     # The generator's own draws as one op each: `Generator.uniform` spends eight ops (read-and-skip, then a
     # stateless draw) on the same numbers and the same state update. XLA's kernels of these ops draw other
     # numbers, so there `Generator.uniform` keeps compiled and eager samples equal.
-    def _draw(self, shape: list, total: Any) -> tf.Tensor:
+    def draw(self, shape: list, total: Any) -> tf.Tensor:
+        """Uniform int64 draws in `[0, total)` (any defined value when `total` is 0)."""
         if under_xla():
-            return self._rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
+            return self.rng.uniform(shape, minval=0, maxval=tf.maximum(total, 1), dtype=tf.int64)
         return tf.raw_ops.StatefulUniformInt(
-            resource=self._rng.state.handle,
-            algorithm=tf.constant(self._rng.algorithm, tf.int64),
+            resource=self.rng.state.handle,
+            algorithm=tf.constant(self.rng.algorithm, tf.int64),
             shape=shape,
             minval=tf.constant(0, tf.int64),
             maxval=tf.maximum(tf.cast(total, tf.int64), 1),
         )
 
-    def _uniform(self, shape: list) -> tf.Tensor:
+    def uniform(self, shape: list) -> tf.Tensor:
         if under_xla():
-            return self._rng.uniform(shape, dtype=tf.float64)
+            return self.rng.uniform(shape, dtype=tf.float64)
         return tf.raw_ops.StatefulUniform(
-            resource=self._rng.state.handle,
-            algorithm=tf.constant(self._rng.algorithm, tf.int64),
+            resource=self.rng.state.handle,
+            algorithm=tf.constant(self.rng.algorithm, tf.int64),
             shape=shape,
             dtype=tf.float64,
         )
 
-    def _check(self, ok: Any, value: Any, message: str) -> Any:
+    def check(self, ok: Any, value: Any, message: str) -> Any:
+        """`value`, once `ok` is checked: a graph assertion with `message` (XLA: zeros where not ok)."""
         if under_xla():  # no assertions in XLA: a refused sample carries zeros (ids) and probability 0
             return tf.nest.map_structure(lambda x: tf.where(ok, x, tf.zeros_like(x)), value)
         check = tf.debugging.Assert(ok, [message])  # string data only: one Assert op, no cond around it
@@ -275,221 +212,136 @@ class TFBuffer(ComposedBuffer):
             leaves[-1] = tf.identity(leaves[-1])
         return tf.nest.pack_sequence_as(value, leaves)
 
-    def _num_frames(self) -> Any:
-        return tf.reduce_sum(tf.minimum(self._num_adds.read_value(), self._max_length))
+    def view(self, parts: Parts, req: Request) -> Any:
+        return parts.view(req.window, req.padded, self.draw, self.uniform, TF_OPS.read)
 
-    def _add_batch(self, items: Nest) -> Any:
-        leaves, asserts = specs.validate_tensor_batch(
-            "add_batch", self._data_spec, self._leaf_paths, items, self._num_segments
-        )
-        n = self._num_segments
+    def begin(self, num_segments: int, max_length: int) -> None:
+        """Makes what the layout decides, before the parts: the write counters (see `versioned.py`)."""
+        with tf.device(self.device), tf.name_scope(self.scope):
+            self.counters = versioned.Counters(num_segments, max_length)
+
+    def checkpoint_state(self, buffer: Any, layout: dict, gate: Any, stored: Callable[[], Any]) -> None:
+        """Attaches what a `tf.train.Checkpoint` saves, under the names format 1 gave them: the variables (the
+        ring's and the index's also by their own names), the generator and the layout record. The write
+        counters are not saved (only their changes matter)."""
+        parts = buffer._parts
+        buffer._state = dict(self.state)
+        buffer._rng = self.rng
+        buffer._num_adds = parts.num_adds
+        if parts.rule is not None:
+            buffer._pos, buffer._pos_counts, buffer._newest = parts.pos, parts.pos_counts, parts.newest
+        buffer._layout_record = LayoutState(layout, gate, stored)
+
+    def variables(self) -> tuple:
+        """The generator's state and the write counters (what a v1 graph initializes besides the state)."""
+        assert self.counters is not None
+        return (self.rng.state, *self.counters.variables())
+
+    # Calls.
+    def _write(self, parts: Parts, leaves: list) -> tf.Tensor:
+        assert self.counters is not None
+        counters = self.counters
+        with tf.device(self.device), tf.name_scope(self.scope):  # always traced
+            return locked_call(self.lock, lambda: counters.counted(lambda: write.write(parts, leaves, 1), 1))
+
+    def add(self, parts: Parts, gate: Any, where: str, data_spec: Nest, items: Nest, segment: Any = None) -> Any:
+        """Validates a batch, waits for the rate limiter, then writes it under the lock (eagerly: one traced
+        call per batch signature)."""
+        leaves, asserts = specs.validate_tensor_batch(where, data_spec, parts.leaf_paths, items, parts.num_segments)
+        n = parts.num_segments
         if tf.executing_eagerly():
             signature = [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
-            write = self._eager.get("add", self._write, signature)
-            return self._gate.call("add_batch", "insert", n, lambda: write(leaves))
+            run = self.eager.get("add", lambda leaves: self._write(parts, leaves), signature)
+            return gate.call(where, "insert", n, lambda: run(leaves))
         with tf.control_dependencies(asserts):  # checked, then wait for the rate limiter, then lock and write
-            admitted = self._gate.admit_op("add_batch", "insert", n)
+            admitted = gate.admit_op(where, "insert", n)
         with tf.control_dependencies(asserts + admitted):
-            return self._gate.settle_op("add_batch", "insert", n, True, self._write(leaves))
+            return gate.settle_op(where, "insert", n, True, self._write(parts, leaves))
 
-    def _write(self, leaves: list) -> tf.Tensor:
-        with tf.device(self._device), tf.name_scope(self._scope):
-            return locked_call(self._lock, lambda: self._write_locked(leaves, 1))  # always traced
-
-    def _get_next(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
-    ) -> tuple[Nest, BufferInfo]:
-        if not tf.executing_eagerly():
-            items, info = self._sample_tensors(sample_batch_size, num_steps, transform)
-        else:
-            # Eagerly the emptiness check is a Python test of the count: a graph assertion costs more than it.
-            key = f"sample/{sample_batch_size}/{num_steps}/{transform!r}"
-            fn = self._eager.get(key, lambda: self._unchecked_sample(sample_batch_size, num_steps, transform))
-            items, info, count = fn()
-            if count.numpy() <= 0:
-                raise ValueError(self.empty_message("get_next", num_steps, transform))
-        return self._split_steps(items, info, sample_batch_size is not None, num_steps, time_stacked)
-
-    def _sample_tensors(
-        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
-    ) -> tuple[Nest, BufferInfo]:
-        items, info, count = self._unchecked_sample(sample_batch_size, num_steps, transform)
-        count = self._gate.settle_op("get_next", "sample", sample_batch_size or 1, count > 0, count)  # refund if empty
-        with tf.name_scope(self._scope):
-            return self._guard(count, (items, info), "get_next", num_steps, transform)
-
-    def _unchecked_sample(self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None) -> tuple:
+    def _unchecked(self, parts: Parts, req: Request) -> tuple:
         """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
-        size = 1 if sample_batch_size is None else sample_batch_size
-        n = (num_steps or 1) if transform is None else transform.num_steps
-        large = size * n * spec_nbytes(self._storage.item_spec) >= UNLOCKED_READ_BYTES
-        with tf.device(self._device), tf.name_scope(self._scope):
-            items, ids, probs, count = self._sample(size, num_steps, transform, large)
-        items, info = self._package(items, ids, probs, sample_batch_size is not None, num_steps, True, transform)
+        with tf.device(self.device), tf.name_scope(self.scope):
+            items, ids, probs, count = versioned.read(parts, self, req)
+        items, info = sample.package(items, ids, probs, req, TF_OPS, split=False)
         return items, info, count
 
-    def _sample(self, size: int, num_steps: int | None, transform: Any, large: bool) -> tuple:
-        """`(items, ids, probabilities, count)`: a versioned read, drawn again under the lock if it may be torn.
-
-        Writers count the items they start and finish per segment. The draw
-        reads the finished count first, and the started count is read after
-        the gather. A small sample is whole when no write started meanwhile
-        (the counts are equal): then the draw needs no lock either. A large
-        one copies long enough for writes to land beside it, so it allows
-        them where they cannot touch its rows: started minus finished covers
-        every item written meanwhile, or still being written when the draw
-        read the ring, and they land at the ring positions just after the
-        draw's `num_adds`. (A clear counts as `max_length` items: every row.)
-        Only a sample that may be torn is drawn again, under the lock.
-        """
-        if under_xla():  # no lock and no concurrency
-            return self._read_sample(size, num_steps, transform)
-        finished = self._finished.value.read_value()
-        with tf.control_dependencies([finished]):
-            plan, ids, probs, count, num_adds = self._draw_plan(size, num_steps, transform, locked=large)
-        if large:  # computed while the rows are gathered
-            limit = finished + self._slack(plan if transform is None else plan[0], num_adds)
-        items = self._read_planned(plan, num_steps, transform)
-        with tf.control_dependencies(tf.nest.flatten(items)):
-            started = self._started.value.read_value()
-        return _unless_torn(
-            tf.reduce_all(started <= (limit if large else finished)),
-            lambda: (items, ids, probs, count),
-            lambda: self._locked_sample(size, num_steps, transform),
-        )
-
-    def _draw_plan(self, size: int, num_steps: int | None, transform: Any, locked: bool) -> tuple:
-        """`(read plan, ids, probabilities, count, num_adds)`: the draw and the ring state it saw.
-
-        Plain uniform ring windows read nothing but `num_adds` (one atomic
-        read, published by writers after their rows) and the generator: no
-        lock. Other draws read several variables, so a draw that writes may
-        overlap (`locked`) takes the lock; through the episode index the draw
-        is compiled with XLA (padded windows over rows: `_padded_plan`).
-        """
-
-        def draw() -> tuple:
-            view = self._view(transform)
-            return (*self._sample_plan(size, num_steps, transform, view), view.num_adds)
-
-        locked = locked and (self._windows(transform)[0] is not None or type(self._sampler) is not UniformSampler)
-        if self._compiled_padded_plan(transform):
-            draw = lambda: self._padded_plan(size, transform)  # noqa: E731
-        elif self._windows(transform)[0] is not None:
-            draw = self._eager.get(f"plan/{size}/{num_steps}/{transform!r}", draw, jit_compile=True)
-        return locked_call(self._lock, draw) if locked else draw()
-
-    def _compiled_padded_plan(self, transform: Any) -> bool:
-        """Whether `_padded_plan` plans these windows here: a uniform sampler's padded windows over rows through
-        the episode index, on the CPU outside XLA, where the ops are built (decided while tracing)."""
-        return (
-            transform is not None
-            and transform.padded
-            and self._rule is not None
-            and type(self._sampler) is UniformSampler
-            and self._storage.window == Shape()
-            and not under_xla()
-            and stacks.on_cpu(self._pos)
-            and native.window_ops() is not None
-        )
-
-    def _padded_plan(self, size: int, transform: Any) -> tuple:
-        """`(read plan, ids, probabilities, count, num_adds)` of padded windows, from two compiled ops
-        (`kernels/window_ops.cc`), the NumPy twin's plan (`core/native_windows.py`): the same draws and plan
-        as `_sample_plan` computes in array ops (an XLA-compiled function here), in two op calls."""
-        kernels, n, length = native.window_ops(), int(transform.num_steps), self._max_length
-        num_adds = self._num_adds.read_value()
-        start, counts, total = kernels.tfreplay_padded_counts(
-            num_adds, self._newest.read_value(), max_length=length, num_steps=n
-        )
-        draws = self._draw([size], total)  # the random numbers the array-op path draws
-        segment, t, rows, ids, mask, last, last_rows = kernels.tfreplay_window_plan(
-            draws, counts, start, num_adds, self._pos.handle, num_steps=n, max_length=length
-        )
-        planned = self._compiled_windows(segment, t, rows, mask, last, last_rows, transform)
-        return planned, ids, TF_OPS.probability([size], total), total, num_adds
-
-    def _slack(self, plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
-        """Per segment, how many items may be written after `num_adds` before one overwrites a row of `plan`,
-        a storage's read plan (the `k`-th new item lands at ring position `num_adds + k`); `max_length` where
-        `plan` reads none."""
-        rows = [tf.reshape(tf.cast(r, tf.int64), [-1]) for r in tf.nest.flatten(plan)]
-        rows = rows[0] if len(rows) == 1 else tf.concat(rows, 0)
-        n, length = self._num_segments, self._max_length
-        segment = rows % n
-        ahead = (rows // n - tf.gather(num_adds, segment)) % length
-        ahead = tf.where(rows < self._capacity, ahead, length)  # a frame buffer's zero row is never written
-        return tf.minimum(tf.math.unsorted_segment_min(ahead, segment, n), length)
-
-    def _locked_sample(self, size: int, num_steps: int | None, transform: Any = None) -> tuple:
-        """The draw and the read under the lock (ring windows), or a compiled draw (XLA, or `_padded_plan`'s ops)
-        and the read."""
-        if self._windows(transform)[0] is None or under_xla():
-            return locked_call(self._lock, lambda: self._read_sample(size, num_steps, transform))
-        if self._compiled_padded_plan(transform):
-            plan: Callable[[], tuple] = lambda: self._padded_plan(size, transform)[:4]  # noqa: E731
+    def get_next(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:
+        if not tf.executing_eagerly():
+            items, info = self.sample_tensors(parts, gate, req)
         else:
-            plan = self._eager.get(
-                f"plan/{size}/{num_steps}/{transform!r}/locked",
-                lambda: self._sample_plan(size, num_steps, transform),
-                jit_compile=True,
-            )
+            # Eagerly the emptiness check is a Python test of the count: a graph assertion costs more than it.
+            items, info, count = self.eager.get(f"sample/{req.key}", lambda: self._unchecked(parts, req))()
+            if count.numpy() <= 0:
+                raise ValueError(sample.empty_message(parts, "get_next", req))
+        return sample.split_steps(items, info, req, TF_OPS)
 
-        def call() -> tuple:
-            read_plan, ids, probs, count = plan()
-            return self._read_planned(read_plan, num_steps, transform), ids, probs, count
+    def sample_tensors(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:
+        """One time-stacked sample as graph tensors (a `get_next` in a graph, or a dataset element); with a
+        gate, an empty draw gives its admission back."""
+        items, info, count = self._unchecked(parts, req)
+        count = gate.settle_op("get_next", "sample", req.size, count > 0, count)  # refund if empty
+        if isinstance(count, int) and count > 0:
+            return items, info
+        with tf.name_scope(self.scope):
+            return self.check(count > 0, (items, info), sample.empty_message(parts, "get_next", req))
 
-        return locked_call(self._lock, call)
+    def sample_dataset(self, parts: Parts, gate: Any, req: Request, counter: tf.data.Dataset, parallel: Any) -> Any:
+        """Fresh samples, one drawn per element when the pipeline asks for it (so one read after an add sees
+        that add, as TF-Agents' tests rely on)."""
+        deterministic = None if parallel is None else False  # independent draws: deliver as they finish
+        return gate.ticks(counter, req.size).map(
+            lambda _: self.sample_tensors(parts, gate, req), num_parallel_calls=parallel, deterministic=deterministic
+        )
 
-    def _write_locked(self, leaves: list, num_new: int, segments: Any = None) -> Any:
-        return self._overwriting(lambda: super(TFBuffer, self)._write_locked(leaves, num_new, segments), num_new)
+    def call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
+        """`fn(*inputs)` on tensors, under the lock."""
+        return self.exclusive(lambda: fn(*inputs))
 
-    def _clear_locked(self) -> Any:
-        return self._overwriting(super()._clear_locked)
-
-    def _overwriting(self, fn: Callable[[], Any], num_new: int | None = None) -> Any:
-        """`fn()`, a change of stored rows (under the lock), between the write counters' two steps.
-
-        `num_new` items per segment; None: every row (a clear)."""
-        step = tf.constant([self._max_length if num_new is None else num_new] * self._num_segments, tf.int64)
-        started = self._started.value.assign_add(step, read_value=False)
-        with tf.control_dependencies([started]):
-            out = fn()
-        with tf.control_dependencies(tf.nest.flatten(out)):
-            finished = self._finished.value.assign_add(step, read_value=False)
-        with tf.control_dependencies([finished]):
-            return tf.nest.map_structure(tf.identity, out)
-
-    def _update_priorities(self, ids: Any, priorities: Any) -> Any:
+    def update_priorities(self, parts: Parts, ids: Any, priorities: Any) -> Any:
         ids = tf.convert_to_tensor(ids, tf.int64)
         priorities = tf.convert_to_tensor(priorities, tf.float64)
         if tf.executing_eagerly():
-            check_priorities(ids.shape, priorities.shape, priorities.numpy())
+            write.check_priorities(ids.shape, priorities.shape, priorities.numpy())
             shape = [None] * ids.shape.rank  # one trace for any number of ids
-            fn = self._eager.get(
-                f"update/{len(shape)}", self._update, tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape, tf.float64)
+            signature = (tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape, tf.float64))
+            return self.eager.get(f"update/{len(shape)}", lambda i, p: self._update(parts, i, p), *signature)(
+                ids, priorities
             )
-            return fn(ids, priorities)
-        check_priorities(ids.shape, priorities.shape, None)
-        if self._update_checks_priorities():  # the compiled update raises on a bad priority itself
-            return self._update(ids, priorities)
+        write.check_priorities(ids.shape, priorities.shape, None)
+        view = parts.view(parts.window, False, self.draw, self.uniform, lambda v: v)
+        if parts.sampler.checks_priorities(view):  # the compiled update raises on a bad priority itself
+            return self._update(parts, ids, priorities)
         ok = tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0))
-        return self._check(ok, self._update(ids, priorities), PRIORITIES_RULE)
+        return self.check(ok, self._update(parts, ids, priorities), write.PRIORITIES_RULE)
 
-    def _update(self, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
-        with tf.device(self._device), tf.name_scope(self._scope):
-            unlocked = getattr(self._sampler, "unlocked_update", None)  # a compiled update safe without the lock
-            fused = unlocked and unlocked(self._window, self._num_adds, self._max_length, ids, priorities)
+    def _update(self, parts: Parts, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
+        with tf.device(self.device), tf.name_scope(self.scope):
+            # A compiled update safe without the lock reads the counters' variable itself (a view of the variables).
+            unlocked = parts.view(parts.window, False, self.draw, self.uniform, lambda v: v)
+            fused = parts.sampler.unlocked_update(unlocked, ids, priorities)
             if fused is not None:
                 return fused[1]
-            return self._exclusive(lambda: self._update_locked(ids, priorities))
 
-    def _gather_all(self) -> Nest:
-        return self._exclusive(self._gather_all_locked)
+            def locked() -> Any:
+                view = parts.view(parts.window, False, self.draw, self.uniform, TF_OPS.read)
+                return write.update_priorities(parts, view, ids, priorities)
 
-    def _clear(self) -> Any:
-        return self._exclusive(self._clear_locked)
+            return self.exclusive(locked)
 
-    def _call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
-        """`fn(*inputs)` on tensors, under the lock."""
-        return self._exclusive(lambda: fn(*inputs))
+    def num_frames(self, parts: Parts) -> Any:
+        return tf.reduce_sum(tf.minimum(parts.num_adds.read_value(), parts.max_length))
+
+    def gather_all(self, parts: Parts) -> Nest:
+        return self.exclusive(lambda: write.gather_all(parts))
+
+    def clear(self, parts: Parts, also: Callable[[], list] | None = None) -> Any:
+        """Empties the buffer under the lock (`also`: more updates first, e.g. zeroing rows); samples reading
+        without the lock learn of it from the write counters."""
+        assert self.counters is not None
+        counters = self.counters
+
+        def cleared() -> Any:
+            with tf.control_dependencies(also() if also is not None else []):
+                return write.clear(parts)
+
+        return self.exclusive(lambda: counters.counted(cleared, None))

@@ -105,9 +105,8 @@ class Sampling:
                 return drawn
         raise ValueError(self._empty_message("get_next", num_steps))
 
-    def _get_next(
-        self, sample_batch_size: int | None, num_steps: int | None, time_stacked: bool, transform: Any = None
-    ) -> tuple:
+    def _get_next(self, request: Any) -> tuple:
+        sample_batch_size, num_steps, time_stacked, transform = request
         self._check_open("get_next")
         _no_transform("get_next", transform)
         leaves, ids, probs = self._draw(sample_batch_size or 1, num_steps)
@@ -128,14 +127,9 @@ class Sampling:
         leaves = [tf.TensorSpec(outer + s.shape.as_list(), s.dtype) for s in tf.nest.flatten(self._d["item_spec"])]
         return leaves, tf.TensorSpec(outer, tf.int64), tf.TensorSpec(outer[:1], tf.float32)
 
-    def _sample_dataset(
-        self,
-        sample_batch_size: int | None,
-        num_steps: int | None,
-        num_parallel_calls: int | None,
-        transform: Any = None,
-    ) -> tf.data.Dataset:
+    def _sample_dataset(self, request: Any, num_parallel_calls: int | None) -> tf.data.Dataset:
         """Requests kept `num_parallel_calls` (default `max_in_flight`) deep; each reply one element."""
+        sample_batch_size, num_steps, _, transform = request
         _no_transform("as_dataset", transform)
         depth = num_parallel_calls if isinstance(num_parallel_calls, int) and num_parallel_calls > 0 else None
         depth = depth or self._max_in_flight
@@ -167,9 +161,8 @@ class Sampling:
         ds = tf.data.Dataset.from_generator(generate, output_signature=flat)
         return ds.map(pack).prefetch(depth)
 
-    def _sample_tensors(
-        self, sample_batch_size: int | None, num_steps: int | None, transform: Any = None
-    ) -> tuple[Nest, BufferInfo]:
+    def _sample_tensors(self, request: Any) -> tuple[Nest, BufferInfo]:
+        sample_batch_size, num_steps, _, transform = request
         _no_transform("as_dataset", transform)
         leaf_specs, ids_spec, probs_spec = self._out_specs(sample_batch_size, num_steps)
 
@@ -187,7 +180,7 @@ class Sampling:
             items, info = tf.nest.map_structure(lambda x: x[0], (items, info))
         return items, info
 
-    def _single_pass_dataset(self, sample_batch_size: Any, num_steps: Any, num_parallel_calls: Any) -> Any:
+    def _single_pass_dataset(self, request: Any, num_parallel_calls: Any) -> Any:
         raise ValueError(
             "as_dataset: single_deterministic_pass (True) must be False for a sharded service, whose shards "
             "have no common order; read everything with gather_all()."

@@ -38,15 +38,14 @@ side of it. A sample of single items reads the tree once.
 
 from __future__ import annotations
 
+import copy
 import math
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import episodes, ring
-from tfreplay._src.ops import TF_OPS
-from tfreplay._src.samplers import View
+from tfreplay._src.samplers import Make, SamplerBase, View
 from tfreplay._src.samplers.sum_tree import LAYOUT, SumTree
 
 # Rounds of redraws for draws that land on a row that cannot start a window; the rest come from an exact scan.
@@ -55,7 +54,7 @@ _ROUNDS = 16
 _EMPTY_SHARE = 1e-12
 
 
-class PrioritizedSampler:
+class PrioritizedSampler(SamplerBase):
     """Draws windows in proportion to `priority ** alpha` of their first item.
 
     Args:
@@ -67,6 +66,9 @@ class PrioritizedSampler:
     """
 
     padded_windows = True
+    checkpoint_record = {"sum_tree": LAYOUT}  # how the tree's nodes are laid out
+    tree: SumTree
+    max_priority: Any
 
     def __init__(self, alpha: float = 0.6, within_episodes: bool = False, use_native: bool = True):
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha or math.isnan(alpha):
@@ -75,11 +77,12 @@ class PrioritizedSampler:
         self.within_episodes = bool(within_episodes)
         self.use_native = bool(use_native)
 
-    def bind(self, make: Callable, num_rows: int) -> PrioritizedSampler:
-        self.tree = SumTree(make, num_rows, self.use_native)
-        self.tree_layout = LAYOUT  # in the checkpoint record
-        self.max_priority = make("sampler/max_priority", [], tf.float64)
-        return self
+    def bind(self, make: Make, num_rows: int) -> PrioritizedSampler:
+        """A copy holding the sum tree of `num_rows` leaves and the largest priority given so far."""
+        bound = copy.copy(self)
+        bound.tree = SumTree(make, num_rows, self.use_native)
+        bound.max_priority = make("sampler/max_priority", [], tf.float64)
+        return bound
 
     def on_write(self, ops: Any, rows: Any, startable: Any = None) -> list:
         start = ops.power(ops.maximum(ops.read(self.max_priority), 1.0), self.alpha) if self.alpha else 1.0
@@ -94,7 +97,7 @@ class PrioritizedSampler:
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
         """Sets the priorities of live items; returns the updates and how many ids were stale."""
         ops, length, segments = view.ops, view.max_length, view.num_segments
-        if view.window is None and isinstance(view.num_adds, np.ndarray):  # NumPy ring windows: one native call
+        if view.window is None:  # ring windows: one compiled call where built
             fused = self.tree.ring_update(ops, view.num_adds, ids, priorities, self.alpha, self.max_priority, length)
             if fused is not None:
                 return fused
@@ -123,18 +126,21 @@ class PrioritizedSampler:
         rows, values = ops.cond(stale > 0, stale_first, lambda: (rows, values))
         return self.tree.set(ops, rows, values) + [raised], stale
 
-    def unlocked_update(self, window: Any, num_adds: Any, max_length: int, ids: Any, priorities: Any) -> Any:
-        """The TF twin's update of ring windows without the buffer's lock: `(updates, stale count)`, or None where
-        it needs the lock (then `update`). One compiled op (the check, stale ids, the write, the raise) reads the
-        `num_adds` variable under the tree's own lock, and writers move `num_adds` before they set new rows'
-        leaves: an update never lands on an item that overwrote its own (see `kernels/sum_tree_ops.cc`)."""
-        if window is not None or isinstance(num_adds, np.ndarray):
+    def unlocked_update(self, view: View, ids: Any, priorities: Any) -> Any:
+        """An update of ring windows without the buffer's lock where the compiled one allows it (TF):
+        `(updates, stale count)`, else None (then `update`, locked). One compiled op (the check, stale ids,
+        the write, the raise) reads the counters' variable (`view.num_adds`) under the tree's own lock, and
+        writers move the counters before they set new rows' leaves: an update never lands on an item that
+        overwrote its own (see `native/kernels/sum_tree_ops.cc`)."""
+        if view.window is not None or not self.tree.lock_free(view.ops):
             return None
-        return self.tree.ring_update(TF_OPS, num_adds, ids, priorities, self.alpha, self.max_priority, max_length)
+        return self.tree.ring_update(
+            view.ops, view.num_adds, ids, priorities, self.alpha, self.max_priority, view.max_length
+        )
 
-    def checks_priorities(self, window: Any) -> bool:
-        """Whether `update` refuses a bad priority itself: the compiled ring update does (`window` None)."""
-        return window is None and self.tree.compiled()
+    def checks_priorities(self, view: View) -> bool:
+        """Whether `update` refuses a bad priority itself: the compiled ring update does (`view.window` None)."""
+        return view.window is None and self.tree.kernel(view.ops) is not None
 
     def _raise(self, ops: Any, largest: Any) -> Any:
         """New items enter at the largest priority given so far."""

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from tfreplay._src import episodes, ring
-from tfreplay._src.samplers import View
+from tfreplay._src.samplers import SamplerBase, View
 
 # Candidates per sample and round, and rounds before the exact (scanning) draw.
 _CANDIDATES = 4
 _ROUNDS = 16
 
 
-class UniformSampler:
+class UniformSampler(SamplerBase):
     """Draws windows uniformly among the valid ones.
 
     Args:
@@ -30,24 +30,12 @@ class UniformSampler:
     that range, drawn exactly in one step; for frames, candidates from it.
     """
 
-    within_episodes: bool
     episode_windows = True
     padded_windows = True
+    draws_uniformly = True
 
     def __init__(self, within_episodes: bool = False):
         self.within_episodes = bool(within_episodes)
-
-    def bind(self, make: Callable, num_rows: int) -> UniformSampler:
-        return self
-
-    def on_write(self, ops: Any, rows: Any, startable: Any = None) -> list:
-        return []
-
-    def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
-        return [], 0
-
-    def clear(self, ops: Any) -> list:
-        return []
 
     def mass(self, view: View, num_steps: int | None) -> Any:
         """How many windows `sample` draws from now (each with probability `1 / mass`); its count, drawing nothing."""
@@ -68,8 +56,8 @@ class UniformSampler:
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         n, ops = num_steps or 1, view.ops
         if view.window is None:  # ring windows: segments advance together, so each has `per` starts
-            min_id, num_live = ring.live_range(view.num_adds[0], view.max_length, ops)
-            per = ops.maximum(num_live - n + 1, 0)
+            num_live = ops.minimum(view.num_adds[0], view.max_length)  # as `ring.live_range`
+            min_id, per = view.num_adds[0] - num_live, ops.maximum(num_live - n + 1, 0)
             count = per * view.num_segments
             draws = view.draw([size], count)
             per = ops.maximum(per, 1)  # an empty buffer still maps draws to rows

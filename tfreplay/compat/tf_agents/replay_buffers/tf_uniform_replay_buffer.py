@@ -56,7 +56,7 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
         if table_fn is not None and not _is_tf_agents_table(table_fn):
             raise ValueError(
                 f"TFUniformReplayBuffer: table_fn ({table_fn!r}) must be None or TF-Agents' table.Table; "
-                "tfreplay keeps rows in its own storage (tfreplay.buffers.rows_storage)."
+                "tfreplay keeps rows in its own storage."
             )
         super().__init__(
             data_spec,
@@ -133,19 +133,14 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
     # TF-Agents' private helpers that its own tests (and some user code) call.
     def _get_last_id(self) -> tf.Tensor:
         """The id of the newest add (-1 when empty), as TF-Agents counts adds."""
-        return self._exclusive(lambda: tf.reduce_max(self._num_adds.read_value()) - 1)
+        return self._twin.exclusive(lambda: tf.reduce_max(self._parts.num_adds.read_value()) - 1)
 
     def _clear(self, clear_all_variables: bool = False) -> Any:
         """Empties the buffer; with `clear_all_variables` also zeroes the stored rows."""
         if not clear_all_variables:
             return super()._clear()
-
-        def clear_all() -> Any:
-            zeroed = [v.assign(tf.zeros_like(v)) for v in self._storage.arrays]
-            with tf.control_dependencies(zeroed):
-                return self._clear_locked()
-
-        return self._exclusive(lambda: self._overwriting(clear_all))  # samples read rows unlocked: tell them
+        zeroed = lambda: [v.assign(tf.zeros_like(v)) for v in self._parts.storage.arrays]  # noqa: E731
+        return self._twin.clear(self._parts, also=zeroed)
 
 
 replay_buffer.ReplayBuffer.register(TFUniformReplayBuffer)

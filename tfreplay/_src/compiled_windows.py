@@ -1,7 +1,7 @@
-"""The NumPy twin's compiled window plan and strict draw (`kernels/windows.cc`, through ctypes).
+"""The NumPy twin's compiled window plan and strict draw (`native/kernels/windows.cc`, through ctypes).
 
 A transform's padded windows (`NStepReturns`, `Sequences(pad=True)`) take
-about 40 small array calls to plan (`SamplePath._sample_plan`, with
+about 40 small array calls to plan (`sample.plan`, with
 `UniformSampler.sample` and `episodes`): the young rule and segment pick of
 a uniform draw, the window rows, the mask, each window's last step and its
 row. Strict windows through the episode index (`Sequences(pad=False)`, or
@@ -12,8 +12,9 @@ In NumPy each call costs a few microseconds, so the NumPy twin does the
 same in a few compiled calls where the kernel is built
 (`tfreplay.native.windows_library`): one counts, NumPy draws the same random
 numbers as the array-op path in the same order, and each round or the plan
-is one more call. Other samplers draw as usual and only the plan is
-compiled. Both paths give the same samples for the same seed.
+is one more call. Only a sampler that draws as `UniformSampler` does
+(`draws_uniformly`) is drawn for; other samplers draw as usual and only the
+plan is compiled. Both paths give the same samples for the same seed.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tfreplay import native
+from tfreplay._src import ring, sample, stacks
 from tfreplay._src.episodes import POS_BINS, Shape
-from tfreplay._src.ops import NUMPY_OPS
+from tfreplay._src.ops import NUMPY_OPS, TF_OPS, under_xla
+from tfreplay._src.parts import Parts, Request
 from tfreplay._src.samplers import View
-from tfreplay._src.samplers.uniform import _CANDIDATES, _ROUNDS, UniformSampler
+from tfreplay._src.samplers.uniform import _CANDIDATES, _ROUNDS
 from tfreplay.native import address
 
 
@@ -33,12 +37,12 @@ class WindowPlanner:
     """Plans windows of one NumPy buffer in compiled code.
 
     Args:
-      library: `tfreplay.native.windows_library()`.
+      library: `tfreplay.native.windows_library()` (see `planner`).
       num_adds: the ring's counters (`[num_segments]` int64); this and the index's arrays are read in place
         (under the buffer's lock) and never replaced (a restore copies into them).
       max_length: rows per segment.
       index: the episode index's `(pos, newest, pos_counts)` (see `core/episodes.py`), or None without one.
-      sampler: the buffer's sampler; a `UniformSampler`'s draws through the index are compiled too.
+      sampler: the buffer's bound sampler; if it `draws_uniformly`, its draws through the index are compiled too.
       window: the storage's window shape (`Shape()` for rows: no lead, no history).
     """
 
@@ -56,7 +60,7 @@ class WindowPlanner:
         self._pos_counts: int | None = pos_counts
         # A uniform sampler through the index: strict windows drawn here; padded ones too, counted in one call
         # for rows (every start in range is valid), by candidates as strict ones otherwise.
-        self.draws_strict = type(sampler) is UniformSampler and index is not None
+        self.draws_strict = bool(sampler.draws_uniformly) and index is not None
         self._draws = self.draws_strict and window == Shape()
         self._sampler = sampler
         # The strict draw's scratch, used under the buffer's lock: per segment the first start, how many follow
@@ -70,7 +74,7 @@ class WindowPlanner:
         """`((step rows, mask, last, last rows), segment, t, ids, probabilities, count)` of `size` windows of
         `n` items (padded, or strict: `draws_strict` must hold), drawn as the sampler draws them: `draw` is the
         twin's random draw (`_draw`), `view()` what the sampler draws from. The rows and mask are `[n, size]`
-        (time-major, as `SamplePath._compiled_windows` takes them)."""
+        (time-major, as `sample.compiled_plan` takes them)."""
         length, segments = self._layout
         # The int64 outputs and scratch in one block (an allocation costs more than the kernel's work on it):
         # segment, t, ids, last, last rows, then the rows `[n, size]`, then per segment `start` and `counts`.
@@ -128,3 +132,55 @@ class WindowPlanner:
                 draws = np.ascontiguousarray(draw([size], count), np.int64)
                 exact(address(draws), size, self._num_adds, segments, *shape, self._pos, last_at, *state)
         return NUMPY_OPS.probability([size], count), count
+
+    def plan(self, parts: Parts, req: Request, draw: Callable, view: Callable[[], View]) -> tuple | None:
+        """What `sample.plan` returns for `req`, planned here; None where only the array-op path plans it
+        (ring windows, or strict windows of a sampler that does not draw uniformly)."""
+        if not (req.padded or (req.window is not None and self.draws_strict)):
+            return None
+        if req.transform is None:  # strict windows of `num_steps` items (or single items) through the index
+            segment, t, probs, count = self.starts(req.size, req.n, draw)
+            step_rows, ids = ring.window_rows(
+                segment, t, req.num_steps, parts.max_length, parts.num_segments, NUMPY_OPS
+            )
+            return parts.storage.plan(segment, t, step_rows, req.num_steps, parts.pos_at, NUMPY_OPS), ids, probs, count
+        (rows, mask, last, last_rows), segment, t, ids, probs, count = self.sample(
+            req.size, req.n, draw, view, req.padded
+        )
+        return sample.compiled_plan(parts, segment, t, rows, mask, last, last_rows, req), ids, probs, count
+
+
+def planner(parts: Parts) -> WindowPlanner | None:
+    """The compiled window plan of a NumPy buffer's parts, or None without the library."""
+    library = native.windows_library()
+    if library is None:
+        return None
+    index = (parts.pos, parts.newest, parts.pos_counts) if parts.rule is not None else None
+    return WindowPlanner(library, parts.num_adds, parts.max_length, index, parts.sampler, parts.storage.window)
+
+
+def tf_padded_plan(parts: Parts, twin: Any, req: Request) -> Callable[[], tuple] | None:
+    """The TF twin's plan of padded windows over rows (n-step returns, padded sequences of a uniform sampler)
+    by two compiled ops (`native/kernels/window_ops.cc`, over `windows.cc`), or None where they do not plan it
+    (then an XLA-compiled function of the array-op plan). Decided while tracing: on the CPU outside XLA, where
+    the ops are built. The callable returns `(read plan, ids, probabilities, count, num_adds)`."""
+    usable = req.padded and parts.rule is not None and parts.sampler.draws_uniformly
+    usable = usable and parts.storage.window == Shape() and not under_xla() and stacks.on_cpu(parts.pos)
+    kernels = native.window_ops() if usable else None
+    if kernels is None:
+        return None
+
+    def plan() -> tuple:
+        n, length = req.n, parts.max_length
+        num_adds = parts.num_adds.read_value()
+        start, counts, total = kernels.tfreplay_padded_counts(
+            num_adds, parts.newest.read_value(), max_length=length, num_steps=n
+        )
+        draws = twin.draw([req.size], total)  # the random numbers the array-op path draws
+        segment, t, rows, ids, mask, last, last_rows = kernels.tfreplay_window_plan(
+            draws, counts, start, num_adds, parts.pos.handle, num_steps=n, max_length=length
+        )
+        planned = sample.compiled_plan(parts, segment, t, rows, mask, last, last_rows, req)
+        return planned, ids, TF_OPS.probability([req.size], total), total, num_adds
+
+    return plan

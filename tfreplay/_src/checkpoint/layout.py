@@ -15,7 +15,7 @@ value and this buffer's value, and the buffer stays as it was.
   TF saves itself. `LayoutState` adds the record as a `PythonState` (JSON): TF
   restores every `PythonState` of a restore before it assigns any variable, so
   the check comes first.
-* NumPy buffers: `NumpyState` (`core/numpy_checkpoint.py`) saves the
+* NumPy buffers: `NumpyState` (`numpy_state.py`) saves the
   arrays as tensors that share the arrays' memory (no copy), and the
   generator's state and the counters as JSON of plain integers, checked
   against the expected structure on restore. Nothing is pickled, so an
@@ -27,15 +27,15 @@ value and this buffer's value, and the buffer stays as it was.
   other threads write; adds and samples wait until it is on disk. Restore
   reads and checks everything first, then copies it in under the lock (peak
   memory: the buffer plus the saved arrays).
-* `RestoreGuard`, a base of every buffer, saves the record first among the
-  buffer's children and refuses, during restore, a saved child this buffer
-  does not have (a checkpoint of another buffer class or library) or state
-  that comes without a record (written before format 1): a foreign checkpoint
-  under the buffer's key raises instead of leaving the buffer empty.
+* A buffer saves the record first among its children (`record_first`) and
+  refuses, during restore, a saved child it does not have (a checkpoint of
+  another buffer class or library) or state that comes without a record
+  (written before format 1; `guard_lookup`): a foreign checkpoint under the
+  buffer's key raises instead of leaving the buffer empty.
 
 The record written also carries the rate limiter's counts (`rate_limiter`:
 `{"inserts", "samples", "size"}`, or null without a limiter; see
-`core/rate_limiter.py`). They are no layout field: any buffer restores them
+`rate_limiter.py`). They are no layout field: any buffer restores them
 (one without a limiter drops them), they are checked with the record (plain
 non-negative integers, `size` at most `inserts` and the capacity) and put
 back once the items are: a NumPy buffer's in the same locked copy, a TF
@@ -54,7 +54,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfreplay._src import episodes, specs
-from tfreplay._src.after_restore import AfterRestore
+from tfreplay._src.checkpoint.after_restore import AfterRestore
 from tfreplay._src.specs import Nest
 
 FORMAT_VERSION = 1
@@ -227,39 +227,38 @@ TF_AGENTS_HINT = (
 )
 
 
-class RestoreGuard:
-    """Base of a buffer (a `tf.Module`) whose checkpoint holds a `LayoutState` or `NumpyState` child.
+def record_first(children: dict) -> dict:
+    """A buffer's checkpoint children with its layout record first, so TF restores (and checks) it first."""
+    return {**{k: v for k, v in children.items() if isinstance(v, _Record)}, **children}
 
-    Saves that child first, and while TF matches saved children to the
-    buffer's during a restore (before restoring any of them), refuses a saved
-    child the buffer does not have, or the buffer's state before its record.
-    A buffer without such a child restores as TF does.
+
+def guard_lookup(buffer: Any, name: str, found: Any, cached_dependencies: dict | None) -> Any:
+    """`found`, the buffer's child for the checkpoint's child `name`, once it passes the checks below.
+
+    While TF matches saved children to the buffer's during a restore (before
+    restoring any of them) this refuses a saved child the buffer does not
+    have, or the buffer's state before its record: a foreign checkpoint under
+    the buffer's key raises instead of leaving the buffer empty. A buffer
+    without a record restores as TF does.
     """
-
-    def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> dict:
-        children = super()._trackable_children(save_type, **kwargs)  # type: ignore[misc]
-        return {**{k: v for k, v in children.items() if isinstance(v, _Record)}, **children}
-
-    def _lookup_dependency(self, name: str, cached_dependencies: dict | None = None) -> Any:
-        found = super()._lookup_dependency(name, cached_dependencies)  # type: ignore[misc]
-        if cached_dependencies is None:  # tracking a new attribute, not matching a checkpoint
-            return found
-        record = next((c for c in cached_dependencies.values() if isinstance(c, _Record)), None)
-        if record is None:
-            return found
-        where, restore = type(self).__name__, self._update_uid  # type: ignore[attr-defined]
-        if found is None:
-            raise ValueError(
-                f"{_WHERE}: the checkpoint's buffer state {name!r} must be one of this {where}'s "
-                f"({sorted(cached_dependencies)}); the checkpoint holds no {where} state of tfreplay "
-                f"format {FORMAT_VERSION} under this key (another buffer class or library wrote it)."
-                + (TF_AGENTS_HINT if name in TF_AGENTS_STATE else "")
-            )
-        if found is record:
-            record._restoring = restore
-        elif record._restoring != restore:
-            raise ValueError(
-                f"{_WHERE}: the checkpoint's buffer state ({name!r}) must come with a tfreplay layout record; "
-                f"it was written before checkpoint format {FORMAT_VERSION} or by another library."
-            )
+    if cached_dependencies is None:  # tracking a new attribute, not matching a checkpoint
         return found
+    record = next((c for c in cached_dependencies.values() if isinstance(c, _Record)), None)
+    if record is None:
+        return found
+    where, restore = type(buffer).__name__, buffer._update_uid
+    if found is None:
+        raise ValueError(
+            f"{_WHERE}: the checkpoint's buffer state {name!r} must be one of this {where}'s "
+            f"({sorted(cached_dependencies)}); the checkpoint holds no {where} state of tfreplay "
+            f"format {FORMAT_VERSION} under this key (another buffer class or library wrote it)."
+            + (TF_AGENTS_HINT if name in TF_AGENTS_STATE else "")
+        )
+    if found is record:
+        record._restoring = restore
+    elif record._restoring != restore:
+        raise ValueError(
+            f"{_WHERE}: the checkpoint's buffer state ({name!r}) must come with a tfreplay layout record; "
+            f"it was written before checkpoint format {FORMAT_VERSION} or by another library."
+        )
+    return found

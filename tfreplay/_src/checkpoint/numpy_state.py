@@ -1,4 +1,4 @@
-"""A NumPy buffer's checkpoint state (see `core/checkpoint.py` for the layout record and the rules).
+"""A NumPy buffer's checkpoint state (see `layout.py` for the layout record and the rules).
 
 `NumpyState` saves the arrays as tensors that share their memory (no copy),
 and the generator's state and the counters as JSON of plain integers,
@@ -18,7 +18,15 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.saved_model import registration  # the checkpoint saver registry (TF >= 2.10)
 
-from tfreplay._src.checkpoint import _WHERE, _check_field, _Record, _short, check_layout, limiter_counts, parse_json
+from tfreplay._src.checkpoint.layout import (
+    _WHERE,
+    _check_field,
+    _Record,
+    _short,
+    check_layout,
+    limiter_counts,
+    parse_json,
+)
 
 
 class NumpyState(_Record, tf.__internal__.tracking.Trackable):

@@ -1,0 +1,168 @@
+"""Writes, clears and whole-buffer reads, as pure functions of a buffer's parts (run under its lock).
+
+`write` appends items to segments: the rows they land in, the episode index
+(each new row's `pos`, its bin, the bin of the live row it overwrites, each
+segment's newest item), the sampler's rows. Reads come first, then every
+write, then the counters move, then the sampler's rows: a priority update
+that takes no buffer lock (the TF twin's compiled one) then finds an
+overwritten item stale before its row gets the new item's priority.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tfreplay._src import episodes, ring
+from tfreplay._src.parts import Parts
+
+PRIORITIES_RULE = "update_priorities: every priority must be finite and non-negative; nothing was updated."
+
+
+def check_priorities(ids_shape: Any, priorities_shape: Any, values: Any) -> None:
+    """Refuses priorities of another shape than their ids, or (when known) negative, NaN or infinite ones."""
+    if tuple(ids_shape) != tuple(priorities_shape):
+        raise ValueError(
+            f"update_priorities: priorities (shape {tuple(priorities_shape)}) must have the shape of ids "
+            f"({tuple(ids_shape)}), one priority per id."
+        )
+    if values is not None:
+        bad = ~(np.isfinite(values) & (values >= 0))
+        if bad.any():
+            raise ValueError(
+                f"update_priorities: priorities ({values[bad][:3].tolist()} among them) must be finite and "
+                "non-negative; nothing was updated."
+            )
+
+
+def write(parts: Parts, leaves: list, num_new: int, segments: Any = None) -> Any:
+    """Appends `num_new` items to each segment (or each of `segments`), oldest first; returns the counters.
+
+    Leaves are time-major, `[num_new * number of segments, ...]`: one
+    lockstep add is `[batch_size, ...]` as given. Only the newest
+    `max_length` of a segment's items survive.
+    """
+    ops, length, num_segments = parts.ops, parts.max_length, parts.num_segments
+    skip = max(num_new - length, 0)
+    adds = ops.read(parts.num_adds)
+    n = adds if segments is None else ops.gather(adds, segments)
+    seg = ops.arange(num_segments) if segments is None else segments
+    if num_new == 1:  # the usual add: one item per segment, no time axis to build
+        local = n
+        rows, _ = ring.local_to_rows(n, seg, length, num_segments)
+    else:
+        local = n[None, :] + skip + ops.arange(num_new - skip)[:, None]
+        rows, _ = ring.local_to_rows(local, seg[None, :], length, num_segments)
+        rows = ops.reshape(rows, [-1])
+    index = _index_updates(parts, leaves, num_new, seg, n, local, rows, skip) if parts.rule is not None else None
+    kept = leaves if not skip else [x[skip * len(seg) :] for x in leaves]
+
+    def writes() -> list:
+        updates = parts.storage.write(rows, kept, ops)
+        if index is not None:
+            pos, bins, weights, newest = index
+            updates.append(ops.scatter(parts.pos, rows, ops.to_int32(ops.reshape(pos, [-1]))))
+            updates.append(ops.bin_add(parts.pos_counts, bins[0], bins[1], weights))
+            if segments is None:
+                updates.append(ops.assign(parts.newest, newest))
+            else:
+                updates.append(ops.scatter(parts.newest, segments, newest))
+        return updates
+
+    def sampler_writes() -> list:
+        # Rows that can never start a window (a frame buffer's first frames), for samplers that weigh rows.
+        lead = parts.storage.window.lead
+        startable = ops.reshape(index[0], [-1]) >= lead if index is not None and lead else None
+        return parts.sampler.on_write(ops, rows, startable)
+
+    reads = [rows] + ([] if index is None else [index[0], *index[1], *index[2:]])  # every read before any write
+    updates = ops.after(reads, writes)
+    if segments is None:
+        moved = ops.after(updates, lambda: ops.assign(parts.num_adds, adds + num_new))
+    else:
+        moved = ops.after(updates, lambda: ops.scatter(parts.num_adds, segments, n + num_new))
+    sampled = ops.after([moved], sampler_writes)
+    return ops.after([moved, *sampled], lambda: ops.read(parts.num_adds))
+
+
+def _index_updates(
+    parts: Parts, leaves: list, num_new: int, segments: Any, n: Any, local: Any, rows: Any, skip: int
+) -> tuple:
+    """`(pos of the new rows, (segment, bin) pairs, +1/-1 weights, newest)` for the episode index
+    (`newest`: the written segments' new `[pos, ended]`, `[len(segments), 2]`)."""
+    ops, length, rule = parts.ops, parts.max_length, parts.rule
+    assert rule is not None
+    wanted = ([rule.start] if rule.start else []) + list(rule.ends)
+    time_major = {p: ops.reshape(x, [num_new, -1]) for p, x in zip(parts.leaf_paths, leaves) if p in wanted}
+    starts, ends = rule.flags(time_major, ops)
+    if num_new == 1:
+        local, rows = local[None, :], rows[None, :]
+    has_prev = n > 0
+    prev = ops.read(parts.newest) if segments is None else ops.gather(ops.read(parts.newest), segments)
+    if ends is not None:  # an item after an episode's last starts the next
+        prev_ended = (prev[:, 1] > 0) & has_prev
+        shifted = ops.where(ops.arange(ends.shape[0])[:, None] == 0, prev_ended[None, :], _shift_down(ends, ops))
+        starts = shifted if starts is None else starts | shifted
+    all_pos = episodes.new_pos(ops.to_int64(prev[:, 0]), has_prev, starts, ops)
+    ended = ops.zeros_like(all_pos[-1]) if ends is None else ops.to_int64(ends[-1])
+    newest = ops.to_int32(ops.stack([all_pos[-1], ended], 1))
+    pos = all_pos[skip:]
+    old_min = n - ops.minimum(n, length)
+    # The row of new id `w` held the newest older id of its residue (skipped ids never landed).
+    held = local - length * ((local - n[None, :]) // length + 1)
+    overwritten = held >= old_min[None, :]
+    old_pos = parts.pos_at(rows)
+    # Each new row joins its bin; the live row it overwrites leaves its own.
+    seg = ops.reshape(segments[None, :] + ops.zeros_like(local), [-1])
+    bins = ops.concat([ops.reshape(episodes.pos_bin(p, ops), [-1]) for p in (pos, old_pos)])
+    added = ops.reshape(ops.ones_like(local), [-1])
+    weights = ops.concat([added, -ops.reshape(ops.to_int64(overwritten), [-1])])
+    return pos, (ops.concat([seg, seg]), bins), weights, newest
+
+
+def _shift_down(x: Any, ops: Any) -> Any:
+    """`x` moved one step later along axis 0 (row 0 keeps its value; callers replace it)."""
+    return x if x.shape[0] == 1 else ops.gather(x, ops.maximum(ops.arange(x.shape[0]) - 1, 0))
+
+
+def clear(parts: Parts) -> Any:
+    """Forgets every item (counters, index bins, the sampler's state); returns the counters."""
+    ops = parts.ops
+    updates = [ops.assign(parts.num_adds, ops.zeros_like(ops.read(parts.num_adds)))]
+    if parts.rule is not None:
+        updates.append(ops.assign(parts.pos_counts, ops.zeros_like(ops.read(parts.pos_counts))))
+    updates = updates + ops.after(updates, lambda: parts.sampler.clear(ops))  # after the counters, as in a write
+    return ops.after(updates, lambda: ops.read(parts.num_adds))
+
+
+def num_frames(parts: Parts) -> Any:
+    """How many items are stored."""
+    ops = parts.ops
+    return ops.sum(ops.minimum(ops.read(parts.num_adds), parts.max_length))
+
+
+def valid_starts(parts: Parts, n: int, aligned: bool) -> tuple[Any, Any]:
+    """Segments and starts of every valid window of `n` through the index, segment by segment, oldest first."""
+    ops, window = parts.ops, parts.window
+    assert window is not None
+    mask, t = window.grid(ops.read(parts.num_adds), parts.pos_at, parts.max_length, n, aligned, ops)
+    flat = ops.flatnonzero(ops.reshape(mask, [-1]))
+    return flat // parts.max_length, ops.gather(ops.reshape(t, [-1]), flat)
+
+
+def gather_all(parts: Parts) -> Any:
+    """Every stored item (`[batch_size, time, ...]`), or through the index every valid window of one."""
+    ops, storage = parts.ops, parts.storage
+    if parts.window is None:
+        rows, _ = ring.all_rows(ops.read(parts.num_adds), parts.max_length, parts.num_segments, ops)
+        return storage.read(rows, None, ops)
+    segment, t = valid_starts(parts, 1, aligned=False)
+    step_rows, _ = ring.window_rows(segment, t, None, parts.max_length, parts.num_segments, ops)
+    return storage.read(storage.plan(segment, t, step_rows, None, parts.pos_at, ops), None, ops)
+
+
+def update_priorities(parts: Parts, view: Any, ids: Any, priorities: Any) -> Any:
+    """Under the lock: gives items new priorities; returns how many ids were stale."""
+    updates, stale = parts.sampler.update(view, ids, priorities)
+    return parts.ops.after(updates, lambda: stale)
