@@ -17,6 +17,7 @@ from tfreplay.rl.agents import DqnAgent, make_q_network
 from tfreplay.rl.drivers import transition_spec
 from tfreplay.rl.training import (
     DqnConfig,
+    beta_schedule,
     experience_dataset,
     linear_beta,
     linear_epsilon,
@@ -204,6 +205,15 @@ BETA_CASES = [
 def test_linear_beta_anneals_to_one_over_the_run(env_steps, beta):
     config = DqnConfig(initial_collect_steps=100, num_env_steps=1100, beta=0.4)
     assert linear_beta(config, env_steps) == pytest.approx(beta)
+
+
+def test_the_beta_schedule_runs_in_a_graph_on_the_env_step_variable():
+    config = DqnConfig(initial_collect_steps=100, num_env_steps=1100, beta=0.4)
+    env_steps = tf.Variable(0, dtype=tf.int64)
+    beta = tf.function(lambda: beta_schedule(config)(env_steps))
+    for steps, expected in BETA_CASES:
+        env_steps.assign(steps)
+        assert float(beta()) == pytest.approx(expected)
 
 
 BAD_CONFIGS = [
