@@ -29,7 +29,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
-from examples import demo  # noqa: E402,F401  (its --steps and --env_id flags)
+from examples import cli, demo  # noqa: E402,F401  (demo: its --steps and --env_id flags)
 from tfreplay.rl.training import DqnConfig, train_dqn  # noqa: E402
 
 # What each variant changes in DqnConfig; everything else is the demo's default.
@@ -123,4 +123,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -23,8 +23,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import gymnasium as gym  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
+from examples import cli  # noqa: E402
 from tfreplay.rl.training import DqnConfig, train_dqn  # noqa: E402
 
 _DEFAULTS = DqnConfig()
@@ -81,4 +82,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

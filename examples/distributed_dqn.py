@@ -30,9 +30,10 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
 import tfreplay  # noqa: E402
+from examples import cli  # noqa: E402
 from tfreplay import distributed  # noqa: E402
 from tfreplay.rl import collectors  # noqa: E402
 from tfreplay.rl.agents import DqnAgent, make_q_network  # noqa: E402
@@ -210,4 +211,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -7,7 +7,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfreplay import BufferInfo, PyUniformReplayBuffer, TFUniformReplayBuffer
-from tfreplay.rl.agents import DqnAgent, huber_loss, make_q_network
+from tfreplay.rl.agents import DqnAgent, make_q_network
 from tfreplay.rl.drivers import StepDriver, Transition
 from tfreplay.rl.policies import RandomPolicy
 
@@ -71,11 +71,13 @@ def weighted_case(learning_rate: float = 0.1):
     return agent, items, np.array([16.0 - 2.0, 2.0 - 3.0])
 
 
-def test_the_loss_is_huber_of_the_double_dqn_td_error():
+def test_the_loss_is_keras_huber_of_the_double_dqn_td_error():
     agent, items, errors = weighted_case(learning_rate=0.0)
-    expected = np.mean(np.where(np.abs(errors) <= 1, 0.5 * errors**2, np.abs(errors) - 0.5))
-    np.testing.assert_allclose(float(agent.train(items).loss), expected, rtol=1e-6)
-    np.testing.assert_allclose(huber_loss(tf.constant(errors)).numpy().mean(), expected, rtol=1e-6)
+    expected = np.mean(np.where(np.abs(errors) <= 1, 0.5 * errors**2, np.abs(errors) - 0.5))  # (13.5 + 0.5) / 2
+    keras_loss = tf_keras.losses.Huber()(np.zeros((2, 1), np.float32), errors[:, None].astype(np.float32))
+    loss = float(agent.train(items).loss)
+    np.testing.assert_allclose(loss, float(keras_loss), rtol=1e-6)
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
 
 
 def test_importance_weights_scale_each_samples_loss_and_td_errors_come_back_per_sample():

@@ -1,8 +1,10 @@
 """train_dqn and the demo: outputs, checkpoint-and-resume (with small step counts)."""
 
+import importlib
 import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import gymnasium as gym
@@ -17,6 +19,7 @@ from tfreplay.rl.agents import DqnAgent, make_q_network
 from tfreplay.rl.drivers import transition_spec
 from tfreplay.rl.training import (
     DqnConfig,
+    beta_schedule,
     experience_dataset,
     linear_beta,
     linear_epsilon,
@@ -206,6 +209,15 @@ def test_linear_beta_anneals_to_one_over_the_run(env_steps, beta):
     assert linear_beta(config, env_steps) == pytest.approx(beta)
 
 
+def test_the_beta_schedule_runs_in_a_graph_on_the_env_step_variable():
+    config = DqnConfig(initial_collect_steps=100, num_env_steps=1100, beta=0.4)
+    env_steps = tf.Variable(0, dtype=tf.int64)
+    beta = tf.function(lambda: beta_schedule(config)(env_steps))
+    for steps, expected in BETA_CASES:
+        env_steps.assign(steps)
+        assert float(beta()) == pytest.approx(expected)
+
+
 BAD_CONFIGS = [
     (dict(n_step=0), r"DqnConfig: n_step \(0\) must be a positive integer"),
     (dict(beta=1.5), r"DqnConfig: beta \(1.5\) must be in \[0, 1\]"),
@@ -306,6 +318,46 @@ def test_the_demo_flags_choose_the_replay():
     with pytest.raises(flags.IllegalFlagValueError, match="n_step"):
         flags.FLAGS(["demo", "--n_step=0"])
     flags.FLAGS.unparse_flags()
+
+
+def import_example(name):
+    sys.path.insert(0, str(ROOT))
+    try:
+        return importlib.import_module(f"examples.{name}")
+    finally:
+        sys.path.remove(str(ROOT))
+
+
+@pytest.mark.parametrize("help_flag", ["--help", "-?", "--helpshort", "--helpfull"])
+def test_asking_an_example_for_help_prints_the_usage_and_exits_0(help_flag, capsys):
+    cli, _ = import_example("cli"), import_example("demo")  # demo defines the flags
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_flags(["demo", "--steps=5", help_flag])
+    assert exit_info.value.code == 0  # absl's own help exits 1
+    out = capsys.readouterr().out
+    assert out.strip()  # the usage, on stdout (the short one lists __main__'s flags: pytest's here, see below)
+    if help_flag == "--helpfull":
+        assert "--steps: Total environment steps" in out
+
+
+def test_examples_parse_other_arguments_as_absl_does():
+    from absl import flags
+
+    cli, _ = import_example("cli"), import_example("demo")
+    try:
+        assert cli.parse_flags(["demo", "--steps=5", "--", "--help"]) == ["demo", "--help"]  # after --: an argument
+        assert flags.FLAGS.steps == 5
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.slow
+def test_the_demo_help_exits_0_from_the_command_line():
+    run = subprocess.run(
+        [sys.executable, "-m", "examples.demo", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "--steps: Total environment steps" in run.stdout
 
 
 def test_the_comparison_table_reads_runs_that_missed_the_threshold_as_lower_bounds():

@@ -31,10 +31,11 @@ from typing import Any, NamedTuple, Sequence
 import tensorflow as tf
 import tf_keras
 
+from tfreplay import BufferInfo
 from tfreplay._src import specs
-from tfreplay._src.api import BufferInfo
-from tfreplay._src.specs import Nest
 from tfreplay.rl.policies import EpsilonGreedyPolicy
+
+Nest = Any  # a tf.nest structure of tensors or arrays
 
 _FIELDS = ("observation", "action", "reward", "discount", "next_observation")
 
@@ -86,13 +87,6 @@ def _field(items: Nest, name: str) -> Any:
             f"{', '.join(_FIELDS)}); got {type(items).__name__}."
         )
     return value
-
-
-def huber_loss(errors: tf.Tensor, delta: float = 1.0) -> tf.Tensor:
-    """Elementwise Huber loss: quadratic within `delta`, linear beyond."""
-    abs_errors = tf.abs(errors)
-    quadratic = tf.minimum(abs_errors, delta)
-    return 0.5 * tf.square(quadratic) + delta * (abs_errors - quadratic)
 
 
 class DqnAgent(tf.Module):
@@ -236,7 +230,10 @@ class DqnAgent(tf.Module):
             q_values = self.q_network(observation, training=True)
             chosen = tf.gather(q_values, tf.cast(action, tf.int32), batch_dims=1)
             td_errors = targets - chosen
-            loss = tf.reduce_mean(weights * huber_loss(td_errors))
+            # Keras' Huber (delta 1) averages over the last axis: [batch, 1] gives one value per sample, which
+            # the importance weights scale before the batch mean (a plain Huber mean would ignore them).
+            per_sample = tf_keras.losses.huber(targets[:, None], chosen[:, None])
+            loss = tf.reduce_mean(weights * per_sample)
         grads = tape.gradient(loss, variables)
         if self._clip is not None:
             grads, _ = tf.clip_by_global_norm(grads, self._clip)

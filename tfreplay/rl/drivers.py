@@ -43,11 +43,11 @@ import numpy as np
 import tensorflow as tf
 from gymnasium.vector import AutoresetMode
 
+from tfreplay import ReplayBuffer
 from tfreplay._src import specs
-from tfreplay._src.api import ReplayBuffer
-from tfreplay._src.specs import Nest
 from tfreplay.rl.observers import call_observers
 
+Nest = Any  # a tf.nest structure of arrays or tensors
 Policy = Callable[[Nest], Any]
 Observer = Callable[[Any], Any]
 

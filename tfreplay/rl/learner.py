@@ -3,27 +3,38 @@
 `experience_dataset` is the stream of batches (stored transitions, or n-step
 returns with `n_step_transform`); `prioritized_train_step` is the train step
 of prioritized replay: importance weights, the gradient step and the new
-priorities, inside one `tf.function`; `linear_beta` anneals the weights'
-exponent. `train_dqn` (`tfreplay.rl.training`) puts them together.
+priorities, inside one `tf.function`; `beta_schedule` anneals the weights'
+exponent (Keras' linear decay, so it runs in that function too). `train_dqn`
+(`tfreplay.rl.training`) puts them together.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
+import tf_keras
 
-from tfreplay._src.api import ReplayBuffer
-from tfreplay.buffers import importance_weights
+from tfreplay import NStepReturns, ReplayBuffer, importance_weights
 from tfreplay.rl.agents import DqnAgent, LossInfo
-from tfreplay.transforms import NStepReturns
+
+
+def beta_schedule(config: Any) -> Callable[[Any], tf.Tensor]:
+    """The importance-weight exponent against env steps: `beta` until learning starts, then linear to 1.
+
+    Keras' `PolynomialDecay` of power 1 from `beta` to 1 over the env steps
+    after `initial_collect_steps` (it holds 1 from `num_env_steps` on). The
+    returned function takes an int or an integer tensor (the run's env-step
+    variable), so a train step's `tf.function` computes beta in its graph.
+    """
+    span = max(config.num_env_steps - config.initial_collect_steps, 1)
+    decay = tf_keras.optimizers.schedules.PolynomialDecay(config.beta, span, 1.0, power=1.0)
+    return lambda env_steps: decay(tf.maximum(env_steps - config.initial_collect_steps, 0))
 
 
 def linear_beta(config: Any, env_steps: int) -> float:
-    """The importance-weight exponent: `beta` when learning starts, then linear to 1 at `num_env_steps`."""
-    span = max(config.num_env_steps - config.initial_collect_steps, 1)
-    fraction = min(max(env_steps - config.initial_collect_steps, 0) / span, 1.0)
-    return config.beta + fraction * (1.0 - config.beta)
+    """The importance-weight exponent at `env_steps`, as a float: see `beta_schedule`."""
+    return float(beta_schedule(config)(env_steps))
 
 
 def prioritized_train_step(

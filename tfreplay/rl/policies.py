@@ -14,8 +14,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src.specs import Nest
-
+Nest = Any  # a tf.nest structure of arrays or tensors
 Epsilon = Union[float, Callable[[], float]]
 
 

@@ -35,17 +35,23 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from tfreplay import ReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 from tfreplay._src import specs
-from tfreplay._src.api import ReplayBuffer
-from tfreplay.buffers import TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 from tfreplay.rl.agents import DqnAgent, LossInfo, make_q_network
 from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec
-from tfreplay.rl.learner import experience_dataset, linear_beta, n_step_transform, prioritized_train_step
+from tfreplay.rl.learner import (
+    beta_schedule,
+    experience_dataset,
+    linear_beta,
+    n_step_transform,
+    prioritized_train_step,
+)
 from tfreplay.rl.observers import AverageEpisodeLength, AverageReturn
 
 __all__ = [  # the learner's pieces are re-exported: examples and tests import them from here
     "DqnConfig",
     "TrainResult",
+    "beta_schedule",
     "evaluate",
     "experience_dataset",
     "linear_beta",
@@ -134,11 +140,17 @@ class TrainResult:
 
 
 def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
-    """1 during initial collection, then linear from `epsilon_start` to `epsilon_end`."""
+    """1 during initial collection, then linear from `epsilon_start` to `epsilon_end` over `epsilon_decay_steps`.
+
+    The decay is Keras' `PolynomialDecay` of power 1 (as the learning rate's),
+    which holds `epsilon_end` once `epsilon_decay_steps` have passed.
+    """
     if env_steps < config.initial_collect_steps:
-        return 1.0
-    fraction = min((env_steps - config.initial_collect_steps) / max(config.epsilon_decay_steps, 1), 1.0)
-    return config.epsilon_start + fraction * (config.epsilon_end - config.epsilon_start)
+        return 1.0  # random actions, and no TF op per step while the buffer fills
+    decay = tf_keras.optimizers.schedules.PolynomialDecay(
+        config.epsilon_start, max(config.epsilon_decay_steps, 1), config.epsilon_end, power=1.0
+    )
+    return float(decay(env_steps - config.initial_collect_steps))
 
 
 def evaluate(env_id: str, policy: Callable, num_episodes: int = 20, seed: int | None = None) -> list[float]:
@@ -194,7 +206,7 @@ def _learning_rate(config: DqnConfig) -> Any:
         return config.learning_rate
     num_train_steps = (config.num_env_steps - config.initial_collect_steps) * config.train_steps_per_env_step
     return tf_keras.optimizers.schedules.PolynomialDecay(
-        config.learning_rate, max(int(num_train_steps), 1), config.end_learning_rate
+        config.learning_rate, max(int(num_train_steps), 1), config.end_learning_rate, power=1.0
     )
 
 
@@ -262,7 +274,11 @@ class _Run:
         self.buffer: ReplayBuffer
         if c.prioritized:
             self.buffer = TFPrioritizedReplayBuffer(spec, c.num_envs, max_length, alpha=c.alpha, seed=c.seed)
-            step = lambda e, beta: prioritized_train_step(self.agent, self.buffer, e, beta, c.priority_eps)  # noqa: E731
+            beta = beta_schedule(c)
+
+            def step(experience: Any) -> LossInfo:  # beta comes from env_steps inside the graph: no eager op
+                return prioritized_train_step(self.agent, self.buffer, experience, beta(self.env_steps), c.priority_eps)
+
             self._prioritized_step = tf.function(step)
         else:
             self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed)
@@ -315,8 +331,7 @@ class _Run:
         """One train step on the next sample (with priorities: weights, train, update, one graph)."""
         if not self.config.prioritized:
             return self.agent.train(next(self.samples))
-        beta = tf.constant(linear_beta(self.config, int(self.env_steps.numpy())), tf.float32)
-        return self._prioritized_step(next(self.samples), beta)
+        return self._prioritized_step(next(self.samples))
 
     def log(self, loss: float, elapsed: float) -> dict:
         finite = lambda x: float(x) if np.isfinite(x) else None  # noqa: E731  (JSON has no NaN)

@@ -1,0 +1,136 @@
+"""`import tfreplay` stays light: no optional extra loads with it, and imports point down to the library.
+
+One fresh interpreter imports tensorflow, then tfreplay, then the Ray service,
+then the RL application, recording which modules each step added; TensorFlow
+alone loads some of the extras (tf_keras or Keras 3 with matplotlib, absl's
+flags), so only what a step adds over the steps before it counts.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Every heavy optional dependency: the rl, examples, ray and test extras, and the compat lane's peers.
+HEAVY = (
+    "absl.app",
+    "absl.flags",
+    "gymnasium",
+    "IPython",
+    "jupytext",
+    "keras",
+    "matplotlib",
+    "nbclient",
+    "nbformat",
+    "pandas",
+    "PIL",
+    "ray",
+    "reverb",
+    "scipy",
+    "tensorboard",
+    "tf_agents",
+    "tf_keras",
+    "tqdm",
+)
+# What only the application and the adapters may load (each loads an extra: gymnasium, Ray).
+UPPER = ("tfreplay.compat", "tfreplay.distributed", "tfreplay.rl")
+
+PROBE = """
+import json, sys
+steps = {}
+def step(name, statement):
+    before = set(sys.modules)
+    exec(statement)
+    steps[name] = sorted(set(sys.modules) - before)
+step("tensorflow", "import tensorflow")
+step("tfreplay", "import tfreplay")
+step("distributed", "import tfreplay.distributed")
+step("rl", "import tfreplay.rl.training")
+import tfreplay
+lazy = {}
+for name, module in [("ExpReplay", "tfreplay.compat.tensorpack"), ("ExperienceReplay", "tfreplay.compat.fastrl")]:
+    loaded_before = module in sys.modules
+    value = getattr(tfreplay, name)
+    lazy[name] = [loaded_before, value is getattr(sys.modules[module], name)]
+try:
+    tfreplay.NoSuchName
+    lazy["missing"] = "resolved"
+except AttributeError as error:
+    lazy["missing"] = str(error)
+print(json.dumps({"steps": steps, "lazy": lazy}))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    """What each import step added to `sys.modules`, and how the lazy names resolved (one fresh interpreter)."""
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def loaded(added: list[str], names: tuple[str, ...]) -> list[str]:
+    """The modules of `added` that are one of `names` or inside one of them."""
+    return sorted(m for m in added if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def test_import_tfreplay_loads_no_optional_dependency(probe):
+    added = probe["steps"]["tfreplay"]
+    assert loaded(added, HEAVY) == []
+    assert loaded(added, UPPER) == []
+
+
+def test_the_probe_sees_an_extra_when_one_loads(probe):
+    # The RL application needs gymnasium: the same check on its import must report it.
+    assert "gymnasium" in loaded(probe["steps"]["rl"], HEAVY)
+    assert "tfreplay.rl.training" in probe["steps"]["rl"]
+
+
+def test_the_ray_service_loads_neither_gymnasium_nor_the_rl_application(probe):
+    added = probe["steps"]["distributed"]
+    assert "ray" in added
+    assert loaded(added, ("gymnasium", "matplotlib", "tf_keras", "tfreplay.rl", "tfreplay.compat")) == []
+
+
+def test_the_seed_adapters_load_on_first_use(probe):
+    lazy = probe["lazy"]
+    assert lazy["ExpReplay"] == [False, True]  # not loaded before the name was read, then the adapter's class
+    assert lazy["ExperienceReplay"] == [False, True]
+    assert lazy["missing"] == "module 'tfreplay' has no attribute 'NoSuchName'"
+
+
+def library_files() -> list[pathlib.Path]:
+    package = ROOT / "tfreplay"
+    return sorted(p for p in package.rglob("*.py") if (package / "rl") not in p.parents)
+
+
+def imported_modules(path: pathlib.Path) -> list[str]:
+    """Every module a file imports, `from a import b` counted as `a` and `a.b` (b may be a module)."""
+    package = path.relative_to(ROOT).parent.parts
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()  # `from ..x import y`
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_no_library_module_imports_the_rl_application():
+    files = library_files()
+    assert ROOT / "tfreplay" / "__init__.py" in files and ROOT / "tfreplay" / "_src" / "api.py" in files
+    offenders = {
+        str(path.relative_to(ROOT)): bad for path in files if (bad := loaded(imported_modules(path), ("tfreplay.rl",)))
+    }
+    assert offenders == {}, "imports point down: the library must not import tfreplay.rl"
