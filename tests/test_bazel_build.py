@@ -11,7 +11,8 @@ import collections
 import pathlib
 from typing import Any, Sequence
 
-from bazel_pytest import pytest_args, without_editable_installs
+import pytest
+from bazel_pytest import exit_status, pytest_args, without_editable_installs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]  # resolved: under Bazel, the runfiles are links into the tree
 LAUNCHER = "tests/bazel_pytest.py"
@@ -89,3 +90,11 @@ def test_the_launcher_drops_the_finders_of_editable_installs():
 
     kept = [object(), Editable(), str]
     assert without_editable_installs(kept) == [kept[0], kept[2]]
+
+
+@pytest.mark.parametrize(
+    "code, status",
+    [(pytest.ExitCode.OK, 0), (pytest.ExitCode.TESTS_FAILED, 1), (pytest.ExitCode.NO_TESTS_COLLECTED, 0), (2, 2)],
+)
+def test_a_file_with_nothing_to_run_passes_and_a_failure_fails(code, status):
+    assert exit_status(code) == status
