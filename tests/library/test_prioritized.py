@@ -490,14 +490,17 @@ def test_both_twins_and_both_paths_descend_and_update_alike():
 
 
 def test_the_sum_tree_kernels_fall_back_when_they_cannot_be_built(monkeypatch, tmp_path, caplog):
-    monkeypatch.delenv("TFREPLAY_NATIVE", raising=False)  # a build is tried (the suite may run with it off)
+    """A failing compiler: the build says so and leaves nothing to load; TFREPLAY_NATIVE=0: no kernel, no warning."""
     monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
-    assert native.build("sum_tree.cc", [], "the sum-tree library", "using NumPy ops instead") is None
-    assert "building the sum-tree library failed; using NumPy ops instead" in caplog.text
-    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
-    assert native.build("sum_tree_ops.cc", [], "the sum-tree kernel", "using TF ops instead") is None
+    [result] = native.build(["sum_tree_ops"])
+    assert (result.state, result.path) == ("failed", None)
+    assert result.reason.startswith("false failed: ")
     assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later
+    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
+    caplog.clear()
+    assert native.sum_tree_library() is None and native.sum_tree_ops() is None
+    assert caplog.records == []
 
 
 # --- updates beside adds (the TF twin's compiled update takes no buffer lock) ----------------------
