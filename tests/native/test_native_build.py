@@ -290,3 +290,20 @@ def test_a_wheel_carries_the_compiled_libraries_and_samples_with_them_where_no_c
     assert got["shape"] == [8, 2] and got["compiled"] is True and lines == []
     origin, path, _ = got["status"]["sum_tree"]
     assert origin == "package" and path.startswith(str(venv))
+
+
+def test_the_command_prints_the_status_and_the_usage_and_refuses_an_unknown_kernel(capsys):
+    from tfreplay.native.__main__ import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tfreplay's native kernels (TensorFlow ")
+    assert all(f"\n  {name} " in out for name in native.NAMES)
+    assert "python -m tfreplay.native build " in out and "TFREPLAY_BUILD_OPS=1" in out
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("tfreplay's native kernels")
+    with pytest.raises(SystemExit):
+        main(["build", "nope"])
+    assert "build: kernel (nope) must be one of sum_tree, windows, sum_tree_ops" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"build: kernel \(nope\) must be one of sum_tree, windows, sum_tree_ops"):
+        native.build(["nope"])

@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("status", help="what is built, and where each kernel loads from")
     builder = commands.add_parser("build", help="build the TF ops (and any C library the package lacks)")
     builder.add_argument("kernels", nargs="*", metavar="KERNEL", help="default: all; " + ", ".join(native.NAMES))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv in (["-h"], ["--help"]):  # the status first, then the usage
+        print_status()
+        print()
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     if args.command == "build":
         unknown = sorted(set(args.kernels) - set(native.NAMES))
