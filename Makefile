@@ -6,14 +6,19 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test
+.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP): setup.py | $(VENV)/bin/python
+# The editable install compiles the C libraries in place; the TF ops are the explicit step after it, so
+# `make test` covers the compiled kernels (and its build tests the fallbacks).
+KERNELS := $(wildcard tfreplay/native/kernels/*) tfreplay/native/_sources.py
+
+$(STAMP): setup.py $(KERNELS) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m tfreplay.native build
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,6 +46,13 @@ bench-prioritized: $(VENV)/.installed-bench
 
 bench-windows: $(STAMP)
 	$(PY) -m benchmarks.windows --markdown
+
+# `pip wheel .`, then that wheel alone (plus TensorFlow and NumPy) in a fresh venv, with no compiler on PATH:
+# the compiled sum tree loads from the wheel and nothing warns (tests/native/test_native_build.py).
+test-wheel: $(STAMP)
+	TFREPLAY_TEST_WHEEL=1 $(PY) -m pytest -q -p no:cacheprovider \
+		"tests/native/test_native_build.py::test_a_wheel_carries_the_compiled_libraries_and_samples_with_them_where_no_compiler_is"
+
 # The compatibility lane: its own venv (TF 2.15.1, TF-Agents 0.19.0 and their pins), built once and reused.
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
@@ -55,9 +67,15 @@ $(COMPAT_STAMP): tests/compat/requirements.txt
 	$(COMPAT_PY) -m pip install --quiet dm-reverb==0.14.0 || echo "dm-reverb 0.14.0 did not install: bench-peers skips it"
 	touch $(COMPAT_STAMP)
 
+# tfreplay's TF ops for the lane's TensorFlow (that venv finds tfreplay through PYTHONPATH, not pip).
+COMPAT_OPS := $(COMPAT_VENV)/.built-ops
+$(COMPAT_OPS): $(COMPAT_STAMP) $(KERNELS)
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m tfreplay.native build
+	touch $(COMPAT_OPS)
+
 # TF-Agents' own tests against tfreplay.compat (imports redirected by tests/compat/redirect.py), the interop
 # tests, then tfreplay's suite on TF 2.15: one pytest run, one summary line.
-test-compat: $(COMPAT_STAMP)
+test-compat: $(COMPAT_OPS)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) -k "not WithHashing" \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \

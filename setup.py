@@ -1,30 +1,101 @@
 """Install tfreplay: `pip install .` (add `[rl]`, `[examples]`, `[ray]`, `[test]`, `[bench]` or `[dev]`)."""
 
-from setuptools import find_packages, setup
+import importlib.util
+import pathlib
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+HERE = pathlib.Path(__file__).parent
+
+
+def native_sources():
+    """`tfreplay/native/_sources.py` (kernel files, shared flags, source keys), loaded by path: no TensorFlow."""
+    spec = importlib.util.spec_from_file_location("tfreplay_native_sources", HERE / "tfreplay/native/_sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def native_libraries():
+    """The plain C kernels as shared libraries inside the package (`tfreplay/native/_<name>.*.so`, loaded with
+    ctypes, never imported): a baseline ISA, so a wheel runs on any CPU of its platform; each carries the key
+    of its sources, which the loader checks."""
+    sources = native_sources()
+    return [
+        Extension(
+            f"tfreplay.native._{name}",
+            [f"tfreplay/native/kernels/{sources.FILES[name][0]}"],
+            depends=[f"tfreplay/native/kernels/{file}" for file in sources.FILES[name][1:]],
+            language="c++",  # linked by the C++ driver, with its runtime
+            extra_compile_args=[*sources.FLAGS, "-g0"],
+            define_macros=[(sources.KEY_MACRO, f'"{sources.source_key(name)}"')],
+            optional=True,  # an install goes on without it (see OptionalBuildExt)
+        )
+        for name in sources.LIBRARIES
+    ]
+
+
+class OptionalBuildExt(build_ext):
+    """Compiles the C libraries where a compiler works. Where none does, the install still succeeds (tfreplay
+    then runs on its array-op fallback) and says so once."""
+
+    failed = False
+
+    def run(self):
+        try:
+            super().run()
+        except (PlatformError, CCompilerError, ExecError, OSError) as err:
+            self.without(err)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except (CCompilerError, ExecError, OSError) as err:
+            self.without(err)
+
+    def without(self, err):
+        if not self.failed:
+            self.failed = True
+            print(
+                f"tfreplay: compiling its C libraries failed ({err}); installing without them: tfreplay uses "
+                "array ops instead (same results, slower). Install a C++ compiler and reinstall, or install a wheel.",
+                file=sys.stderr,
+            )
+
 
 RL = ["gymnasium>=1.0", "tf-keras>=2.15", "absl-py>=1.0"]  # tfreplay.rl: drivers, agents, training
 EXAMPLES = RL + ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
 RAY = ["ray==2.60.0"]  # tfreplay.distributed, the sharded replay service (imported only there)
-TEST = [
-    "pytest>=7",
-    "hypothesis>=6.80",
-    "attrs>=22",
-    "scipy>=1.10",
-    "ruff>=0.4",
-    "mypy>=1.5",
-    "nbclient>=0.9",
-    "nbformat>=5.9",
-    "ipykernel>=6.20",
-] + EXAMPLES + RAY
+TEST = (
+    [
+        "pytest>=7",
+        "hypothesis>=6.80",
+        "attrs>=22",
+        "scipy>=1.10",
+        "ruff>=0.4",
+        "mypy>=1.5",
+        "nbclient>=0.9",
+        "nbformat>=5.9",
+        "ipykernel>=6.20",
+    ]
+    + EXAMPLES
+    + RAY
+)
 
 setup(
     name="tfreplay",
     version="0.1.0",
     description="TensorFlow-native experience replay: uniform buffers in tf.Variables and their NumPy twin.",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfreplay", "tfreplay.*"]),
-    package_data={"tfreplay": ["native/kernels/*.cc", "native/kernels/*.h"]},  # native kernels, compiled on first use
+    # The kernels' sources travel too: `python -m tfreplay.native build` compiles the TF ops from them.
+    package_data={"tfreplay": ["native/kernels/*.cc", "native/kernels/*.h"]},
+    ext_modules=native_libraries(),
+    cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.9",
     install_requires=[
         "tensorflow>=2.15",

@@ -492,9 +492,13 @@ def test_np_stacks_have_the_bits_of_naive_stacks(dtype, history_len, num_steps):
         assert got.tobytes() == want.astype(frames.dtype).tobytes()
 
 
-def test_the_native_kernel_is_built_where_a_compiler_is():
+@pytest.mark.slow  # a first build compiles for about 15 s
+def test_the_native_kernel_is_built_where_a_compiler_is(monkeypatch):
     if shutil.which(os.environ.get("CXX") or "g++") is None and shutil.which("c++") is None:
         pytest.skip("no C++ compiler: the buffer stacks frames with XLA")
+    monkeypatch.delenv("TFREPLAY_NATIVE", raising=False)
+    [result] = native.build(["frame_stack"])
+    assert result.state in ("built", "cached"), result.output
     assert native.frame_stack() is not None
 
 
@@ -526,14 +530,17 @@ def test_native_kernel_rejects_rows_outside_the_frames():
 
 
 def test_native_kernel_falls_back_to_xla_when_it_cannot_be_built(monkeypatch, tmp_path, caplog):
+    """A failing compiler: the build says so and leaves nothing to load; TFREPLAY_NATIVE=0: no kernel, no warning."""
     monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
-    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
-    assert native._load() is None
-    monkeypatch.delenv("TFREPLAY_NATIVE")
     monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
-    assert native._load() is None
-    assert "building the frame-stacking kernel failed; using XLA instead" in caplog.text
+    [result] = native.build(["frame_stack"])
+    assert (result.state, result.path) == ("failed", None)
+    assert result.reason.startswith("false failed: ")
     assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later
+    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
+    caplog.clear()
+    assert native.frame_stack() is None
+    assert caplog.records == []
 
 
 def test_the_kernel_is_picked_only_for_frames_on_the_cpu():

@@ -8,6 +8,7 @@ ignore updates for items overwritten since.
 
 import itertools
 import pathlib
+import shutil
 import tempfile
 import threading
 
@@ -468,6 +469,20 @@ def test_both_twins_and_both_paths_build_the_same_tree(tmp_path):
         np.testing.assert_array_equal(tree, trees[kind, True], err_msg=f"{kind}, compiled: {use_native}")
         np.testing.assert_array_equal(tree, tree_above(tree[len(tree) // 2 :]), err_msg=kind)
         np.testing.assert_allclose(tree, trees["py", True], rtol=1e-14, err_msg=kind)
+
+
+def test_the_sum_tree_kernels_fall_back_when_they_cannot_be_built(monkeypatch, tmp_path, caplog):
+    """A failing compiler: the build says so and leaves nothing to load; TFREPLAY_NATIVE=0: no kernel, no warning."""
+    monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
+    [result] = native.build(["sum_tree_ops"])
+    assert (result.state, result.path) == ("failed", None)
+    assert result.reason.startswith("false failed: ")
+    assert list(tmp_path.glob("*.so")) == []  # nothing half-built is left to load later
+    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
+    caplog.clear()
+    assert native.sum_tree_library() is None and native.sum_tree_ops() is None
+    assert caplog.records == []
 
 
 # --- updates beside adds (the TF twin's compiled update takes no buffer lock) ----------------------

@@ -1,80 +1,116 @@
-"""Native kernels (`kernels/*.cc`), compiled on first use with the system's C++ compiler.
+"""Compiled kernels (`kernels/*.cc`): plain C libraries for the NumPy twin, TF ops for the TF twin.
 
-* `frame_stack()`: the frame-stacking TF op. `TFFrameReplayBuffer` samples
-  about 20% faster with it (see the README's frame benchmark): it reads each
-  frame once and writes the stacks in one pass, where XLA needs a slow
-  per-element gather and a second pass.
-* `sum_tree_ops()`: the sum tree's descent and update as TF ops on the tree's
-  variable (for ring windows, a whole draw with its probabilities and a whole
-  update in one op each); `sum_tree_library()`: the same loops as plain C
-  functions, for NumPy through ctypes. Prioritized replay spends its time in these two loops
-  (`core/samplers/sum_tree.py`).
-* `windows_library()`: the NumPy twin's plan of padded windows (n-step
-  returns, padded sequences) in one or two plain C calls, and its draw of
-  strict windows through the episode index in two or three
-  (`core/native_windows.py`), where array ops take about 40 and 30 small calls;
-  `window_ops()`: the padded plan's two calls as TF ops, for the TF twin
-  (where it would otherwise call an XLA-compiled function of the same plan).
+Each accessor returns its kernel, or None; with None its caller runs the same computation in array ops
+instead: same results, slower.
 
-A TF kernel is built against the installed TensorFlow's headers, once per
-TensorFlow version; the plain library needs no TensorFlow. Both go into
-`$TFREPLAY_CACHE` (default `~/.cache/tfreplay`), keyed by their sources, the
-compiler, its flags and this CPU.
+* `sum_tree_library()`: the sum tree's descent and update, and whole ring draws and updates, for NumPy
+  arrays through ctypes (`sum_tree.cc` over `sum_tree.h`). Prioritized NumPy replay spends its time there.
+* `windows_library()`: the NumPy twin's plan of padded windows (n-step returns, padded sequences) and its
+  draw of strict windows through the episode index, each in a few C calls (`windows.cc`).
+* `sum_tree_ops()`: the same sum-tree loops as TF ops on the tree's variable (`sum_tree_ops.cc`).
+* `frame_stack()`: the op that stacks a frame buffer's frames in one pass (`frame_stack.cc`).
+* `window_ops()`: the padded-window plan's two calls as TF ops (`window_ops.cc`, over `windows.cc`).
 
-Without a compiler, or with `TFREPLAY_NATIVE=0`, or if a build fails (the
-reason is logged once), each accessor returns None and its caller uses the
-same computation in array ops instead: same results, slower.
+How they load. The two C libraries are compiled when the package is built (`pip wheel`, `pip install`,
+`pip install -e .`: setup.py's optional extension, a baseline ISA) and load from the package. A TF op must be
+built against the installed TensorFlow, so it is an explicit step: `python -m tfreplay.native build` builds
+the TF ops (and the C libraries where the package lacks them) into the cache: `$TFREPLAY_CACHE`, else
+`$XDG_CACHE_HOME/tfreplay`, else `~/.cache/tfreplay` (a private temp folder where that cannot be written).
+Nothing compiles on first use unless `TFREPLAY_BUILD_OPS=1` allows it (one line says what it builds).
+
+Where a kernel is missing, its first use logs one WARNING per process (logger `tfreplay.native`) naming
+what got slower and the fix. `TFREPLAY_NATIVE=0` turns every kernel off on purpose, without a warning; it is
+read at each accessor call, while loaded libraries are kept for the process.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import dataclasses
+import importlib.machinery
 import logging
 import os
 import pathlib
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
-from typing import Any, Callable
+from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
 
-_KERNELS = pathlib.Path(__file__).with_name("kernels")
+from tfreplay.native import _build, _sources
+
+_HERE = pathlib.Path(__file__).parent
+_log = logging.getLogger("tfreplay.native")
 _lock = threading.Lock()
-_loaded: dict[str, Any] = {}
-_log = logging.getLogger(__name__)
+_loaded: dict[str, Any] = {}  # kernel name -> its library or op module, or None once it could not load
+_warned: set[str] = set()
+
+_C_FIX = "Reinstall tfreplay from a wheel, or run `python -m tfreplay.native build`."
+_TF_FIX = (
+    "Run `python -m tfreplay.native build` once for this TensorFlow, or set TFREPLAY_BUILD_OPS=1 to build it on "
+    "first use."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kernel:
+    title: str  # what it is, for messages
+    instead: str  # what runs without it
+    seconds: str  # about how long a build takes
+
+
+_KERNELS = {
+    "sum_tree": _Kernel(
+        "the compiled sum tree",
+        "PyPrioritizedReplayBuffer samples and updates priorities with NumPy array ops, several times slower",
+        "a second",
+    ),
+    "windows": _Kernel(
+        "the compiled window plan",
+        "NumPy buffers plan n-step returns and sequences with NumPy array ops, slower",
+        "a second",
+    ),
+    "sum_tree_ops": _Kernel(
+        "the sum-tree TF ops",
+        "TFPrioritizedReplayBuffer samples and updates priorities with TF array ops, slower",
+        "15 s",
+    ),
+    "frame_stack": _Kernel(
+        "the frame-stacking TF op", "TFFrameReplayBuffer stacks frames with XLA instead, slower", "15 s"
+    ),
+    "window_ops": _Kernel(
+        "the window-plan TF ops", "TF buffers plan padded n-step returns and sequences with XLA, slower", "15 s"
+    ),
+}
+NAMES = tuple(_KERNELS)
 
 
 @tf.autograph.experimental.do_not_convert  # called while tracing: AutoGraph must not try to convert the loader
 def frame_stack() -> Any:
     """The op `frame_stack(frames_handle, rows, T, history_len, time_axis)`, or None."""
-    return _once("frame_stack", _load)
+    module = _kernel("frame_stack")
+    return None if module is None else module.tfreplay_frame_stack
 
 
 @tf.autograph.experimental.do_not_convert
 def sum_tree_ops() -> Any:
     """The module of the sum-tree ops (`kernels/sum_tree_ops.cc`: descend, set, ring draw, ring update), or None."""
-    return _once("sum_tree_ops", lambda: _op_library("sum_tree_ops.cc", "the sum-tree kernel", "using TF ops instead"))
+    return _kernel("sum_tree_ops")
 
 
 def sum_tree_library() -> Any:
     """The same functions for NumPy arrays (ctypes, `kernels/sum_tree.cc`), or None."""
-    return _once("sum_tree", _sum_tree_library)
+    return _kernel("sum_tree")
 
 
 @tf.autograph.experimental.do_not_convert
 def window_ops() -> Any:
     """The TF twin's padded-window plan as TF ops (`kernels/window_ops.cc`, over `windows.cc`), or None."""
-    return _once("window_ops", lambda: _op_library("window_ops.cc", "the window-plan ops", "using XLA instead"))
+    return _kernel("window_ops")
 
 
 def windows_library() -> Any:
-    """The NumPy twin's window plan and strict draw (ctypes, `kernels/windows.cc`; see `core/native_windows.py`),
-    or None."""
-    return _once("windows", _windows_library)
+    """The NumPy twin's window plan and strict draw (ctypes, `kernels/windows.cc`), or None."""
+    return _kernel("windows")
 
 
 def address(array: Any) -> int:
@@ -89,129 +125,228 @@ def address(array: Any) -> int:
 _BYTES: Any = ctypes.c_char.from_buffer  # takes any writable buffer (an ndarray is one)
 
 
-def _once(name: str, load: Callable[[], Any]) -> Any:
-    """Loads a kernel once per process (a None is remembered too)."""
+class KernelStatus(NamedTuple):
+    """Where a kernel would load from now: `origin` is `"package"`, `"cache"` or `"missing"` (then `path` is
+    None and `reason` says why)."""
+
+    name: str
+    kind: str  # "C library" or "TF op"
+    title: str
+    origin: str
+    path: str | None
+    reason: str
+
+
+class BuildResult(NamedTuple):
+    """What `build` did for one kernel: `state` is `"packaged"` (the package has it: nothing to build),
+    `"cached"` (already built), `"built"` or `"failed"` (`reason` says why, `output` holds the compiler's)."""
+
+    name: str
+    state: str
+    path: str | None
+    seconds: float
+    reason: str
+    output: str
+
+
+def status() -> list[KernelStatus]:
+    """Every kernel's status, without loading or building anything."""
+    rows = []
+    for name, kernel in _KERNELS.items():
+        kind = "C library" if name in _sources.LIBRARIES else "TF op"
+        packaged, stale = _packaged(name)
+        if packaged is not None and not stale:
+            rows.append(KernelStatus(name, kind, kernel.title, "package", str(packaged), ""))
+            continue
+        cached = _build.find(name, _config(name), _build.compiler())
+        if cached is not None:
+            rows.append(KernelStatus(name, kind, kernel.title, "cache", str(cached), ""))
+        else:
+            rows.append(KernelStatus(name, kind, kernel.title, "missing", None, _missing_reason(name, stale)))
+    return rows
+
+
+def build(names: Sequence[str] | None = None) -> list[BuildResult]:
+    """Builds kernels into the cache (all TF ops and any C library the package lacks; default: every kernel).
+
+    Each compile logs one line first (WARNING: visible by default). A second process building the same kernel
+    waits for this one and finds it built. A kernel that failed to load earlier in this process is tried again
+    at its next use.
+
+    Raises:
+      ValueError: a name that is not a kernel.
+    """
+    names = NAMES if names is None else tuple(names)
+    unknown = [name for name in names if name not in _KERNELS]
+    if unknown:
+        raise ValueError(f"build: kernel ({', '.join(unknown)}) must be one of {', '.join(NAMES)}.")
+    results = []
+    for name in names:
+        packaged, stale = _packaged(name)
+        if packaged is not None and not stale:
+            results.append(BuildResult(name, "packaged", str(packaged), 0.0, "", ""))
+            continue
+        outcome = _compile(name, "asked for")
+        results.append(
+            BuildResult(name, outcome.state, _str(outcome.path), outcome.seconds, outcome.reason, outcome.output)
+        )
+        with _lock:
+            if name in _loaded and _loaded[name] is None:
+                del _loaded[name]
+    return results
+
+
+def _kernel(name: str) -> Any:
+    """Kernel `name`, loaded once per process (a failure is remembered too, and warned about once)."""
+    if os.environ.get("TFREPLAY_NATIVE", "1") == "0":
+        return None
     with _lock:
         if name not in _loaded:
-            _loaded[name] = load()
+            _loaded[name], reason = _load(name)
+            if _loaded[name] is None and name not in _warned:
+                _warned.add(name)
+                _log.warning("%s", _fallback_message(name, reason))
         return _loaded[name]
 
 
-def _load() -> Any:
-    """The frame-stacking op, built now if needed, or None."""
-    module = _op_library("frame_stack.cc", "the frame-stacking kernel", "using XLA instead")
-    return None if module is None else module.tfreplay_frame_stack
+def _fallback_message(name: str, reason: str) -> str:
+    """One line: which kernel is missing and why, what runs instead, and the fix."""
+    kernel = _KERNELS[name]
+    verb = "are" if kernel.title.endswith("ops") else "is"
+    fix = _C_FIX if name in _sources.LIBRARIES else _TF_FIX
+    return f"tfreplay: {kernel.title} {verb} not available ({reason}); {kernel.instead}. {fix}"
 
 
-def _op_library(source: str, what: str, fallback: str) -> Any:
-    flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
-    library = build(source, flags, what, fallback)
-    if library is None:
-        return None
-    try:
-        return tf.load_op_library(str(library))
-    except tf.errors.NotFoundError as err:
-        _log.warning("tfreplay: loading %s failed; %s.\n%s", what, fallback, str(err)[-2000:])
-        return None
+def _load(name: str) -> tuple[Any, str]:
+    """`(kernel, "")` from the package, else the cache, else a build where allowed; else `(None, why)`."""
+    packaged, stale = _packaged(name)
+    if packaged is not None and not stale:
+        return _open(name, packaged)
+    command = _build.compiler()
+    cached = _build.find(name, _config(name), command)
+    if cached is not None:
+        return _open(name, cached)
+    if os.environ.get("TFREPLAY_BUILD_OPS") != "1":
+        return None, _missing_reason(name, stale)
+    if command is None:
+        return None, _build.no_compiler_reason()
+    outcome = _compile(name, "TFREPLAY_BUILD_OPS=1 allows builds on first use")
+    if outcome.path is None:
+        return None, outcome.reason
+    return _open(name, outcome.path)
 
 
-def _sum_tree_library() -> Any:
-    a, n, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_bool  # address, size
-    return _c_library(
-        "sum_tree.cc",
-        "the sum-tree library",
-        {
-            "tfreplay_sum_tree_descend": (None, [a, n, a, n, a, a]),
-            "tfreplay_sum_tree_set": (None, [a, n, a, a, n]),
-            "tfreplay_ring_draw": (flag, [a, n, a, n, n, n, a, n, flag, a, a, a, a]),  # every draw starts a window
-            "tfreplay_ring_update": (n, [a, n, a, n, n, a, a, a, n, a]),  # stale ids, or -1 for a bad priority
-            "tfreplay_ring_sample": (n, [a, n, a, n, n, a, n, a, a, a, a, a]),  # bit 0: all start one; bit 1: count
-        },
+def _missing_reason(name: str, stale: bool) -> str:
+    if stale:
+        return "the packaged library does not match its sources"
+    if name in _sources.LIBRARIES:
+        return "not compiled into this install (installed without a C++ compiler?)"
+    return "not built for this TensorFlow"
+
+
+def _compile(name: str, why: str) -> _build.Outcome:
+    """Builds kernel `name` into the cache, after one line saying what and why."""
+    command = _build.compiler()
+    if command is None:
+        return _build.Outcome("failed", reason=_build.no_compiler_reason())
+    config, flags = _config(name), _flags(name)
+    built = _build.find(name, config, command, exact=True)
+    if built is not None:
+        return _build.Outcome("cached", built)
+    target = "" if name in _sources.LIBRARIES else f" for TensorFlow {tf.__version__}"
+    _log.warning(
+        "tfreplay: building %s (%s)%s into %s: %s; it takes about %s, once.",
+        _KERNELS[name].title,
+        _sources.FILES[name][0],
+        target,
+        _build.primary_cache(),
+        why,
+        _KERNELS[name].seconds,
     )
+    return _build.compile_kernel(name, _sources.KERNELS / _sources.FILES[name][0], flags, config, command)
 
 
-def _windows_library() -> Any:
-    a, n = ctypes.c_void_p, ctypes.c_int64
-    return _c_library(
-        "windows.cc",
-        "the window-plan library",
-        {
-            "tfreplay_padded_counts": (n, [a, n, n, n, a, a, a]),  # how many starts to draw from
-            "tfreplay_window_plan": (None, [a, a, a, a, a, n, n, n, n, a, a, a, a, a, a, a]),
-            # strict windows through the episode index: the counts, a round of candidates, the exact draw
-            "tfreplay_strict_counts": (n, [a, n, n, n, n, n, n, a, a, n, a, a, a, a, a]),
-            "tfreplay_strict_keep": (n, [a, n, n, a, a, n, n, n, n, n, a, a, a, a]),  # how many still missing
-            "tfreplay_strict_exact": (None, [a, n, a, n, n, n, n, n, a, a, a, a, a]),
-        },
-    )
+def _flags(name: str) -> list[str]:
+    flags = ["-shared", "-fPIC", "-w", *_sources.FLAGS, f'-D{_sources.KEY_MACRO}="{_sources.source_key(name)}"']
+    if name not in _sources.LIBRARIES:
+        flags += [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    return flags
 
 
-def _c_library(source: str, what: str, signatures: dict[str, tuple[Any, list[Any]]]) -> Any:
-    """`kernels/<source>` built (if needed) and loaded with ctypes, its functions typed, or None.
+def _config(name: str) -> list[str]:
+    """What a cached build depends on besides the compiler: its sources and flags (and so TensorFlow's)."""
+    version = [] if name in _sources.LIBRARIES else [tf.__version__]
+    return [_sources.source_key(name), *_flags(name), *version]
 
-    Arrays go as raw addresses (`c_void_p`): callers pass contiguous arrays of the right dtype.
-    `signatures`: per function, `(return type or None, argument types)`.
-    """
-    fallback = "using NumPy ops instead"
-    library = build(source, [], what, fallback)
-    if library is None:
-        return None
+
+def _packaged(name: str) -> tuple[pathlib.Path | None, bool]:
+    """The library built into the package (C libraries only), and whether its sources differ from these."""
+    if name not in _sources.LIBRARIES:
+        return None, False
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = _HERE / f"_{name}{suffix}"
+        if path.is_file():
+            return path, _library_key(name, path) != _sources.source_key(name)
+    return None, False
+
+
+def _library_key(name: str, path: pathlib.Path) -> str | None:
     try:
-        lib = ctypes.CDLL(str(library))
-    except OSError as err:
-        _log.warning("tfreplay: loading %s failed; %s.\n%s", what, fallback, err)
+        key = getattr(ctypes.CDLL(str(path)), f"tfreplay_{name}_source_key")
+    except (OSError, AttributeError):
         return None
-    for name, (restype, argtypes) in signatures.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = restype
-    return lib
+    key.restype = ctypes.c_char_p
+    return key().decode()
 
 
-def build(source: str, extra_flags: list[str], what: str, fallback: str) -> pathlib.Path | None:
-    """Compiles `kernels/<source>` (and the headers beside it) into a cached shared library, or returns None.
-
-    The cache key covers the sources, compiler, flags, TensorFlow version and
-    CPU (the code is built with -march=native). Built aside, then moved: other
-    processes never see half a library.
-    """
-    if os.environ.get("TFREPLAY_NATIVE", "1") == "0":
-        return None
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        _log.info("tfreplay: no C++ compiler for %s; %s.", what, fallback)
-        return None
-    # No floating-point contraction: sums must round exactly as the array-op fallback rounds them.
-    flags = ["-shared", "-fPIC", "-O3", "-march=native", "-ffp-contract=off", "-w", *extra_flags]
-    path = _KERNELS / source
-    # Every kernel file counts: a source may include another (window_ops.cc includes windows.cc).
-    text = path.read_bytes() + b"".join(k.read_bytes() for k in sorted(_KERNELS.glob("*.[ch]*")))
-    key = hashlib.sha256(text + " ".join([compiler, tf.__version__, _cpu(), *flags]).encode()).hexdigest()[:16]
-    cache = pathlib.Path(os.environ.get("TFREPLAY_CACHE", pathlib.Path.home() / ".cache" / "tfreplay"))
-    library = cache / f"{path.stem}-{key}.so"
+def _open(name: str, path: pathlib.Path) -> tuple[Any, str]:
+    """`(kernel, "")` loaded from `path`, or `(None, why)`."""
     try:
-        if not library.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                built = pathlib.Path(tmp) / library.name
-                command = [compiler, str(path), "-o", str(built), *flags]
-                try:
-                    subprocess.run(command, check=True, capture_output=True, text=True)
-                except subprocess.CalledProcessError:  # a compiler without -march=native: build generic code
-                    command.remove("-march=native")
-                    subprocess.run(command, check=True, capture_output=True, text=True)
-                os.replace(built, library)
-        return library
-    except (OSError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", "") or str(err)
-        _log.warning("tfreplay: building %s failed; %s.\n%s", what, fallback, detail[-2000:])
-        return None
+        if name not in _sources.LIBRARIES:
+            return tf.load_op_library(str(path)), ""
+        library = ctypes.CDLL(str(path))
+        for function, (restype, argtypes) in _SIGNATURES[name].items():
+            getattr(library, function).argtypes = argtypes
+            getattr(library, function).restype = restype
+        return library, ""
+    except (OSError, AttributeError, tf.errors.NotFoundError) as err:
+        _log.debug("tfreplay: loading %s failed:\n%s", path, err)
+        return None, f"loading {path.name} failed: {str(err).splitlines()[0][:200]}"
 
 
-def _cpu() -> str:
-    """The CPU's model and feature flags (Linux), else the architecture's name."""
-    try:
-        info = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine()
-    first = [next((line for line in info if line.startswith(field)), "") for field in ("model name", "flags")]
-    return "\n".join(first).strip() or platform.machine()
+def _str(path: pathlib.Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+_a, _n, _flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_bool  # arrays go as raw addresses: contiguous, typed
+_SIGNATURES: dict[str, dict[str, tuple[Any, list[Any]]]] = {  # per function: return type (or None), arguments
+    "sum_tree": {
+        "tfreplay_sum_tree_descend": (None, [_a, _n, _a, _n, _a, _a]),
+        "tfreplay_sum_tree_set": (None, [_a, _n, _a, _a, _n]),
+        "tfreplay_ring_draw": (_flag, [_a, _n, _a, _n, _n, _n, _a, _n, _flag, _a, _a, _a, _a]),  # all start one
+        "tfreplay_ring_update": (_n, [_a, _n, _a, _n, _n, _a, _a, _a, _n, _a]),  # stale ids, or -1: a bad priority
+        "tfreplay_ring_sample": (_n, [_a, _n, _a, _n, _n, _a, _n, _a, _a, _a, _a, _a]),  # bit 0: all start one
+    },
+    "windows": {
+        "tfreplay_padded_counts": (_n, [_a, _n, _n, _n, _a, _a, _a]),  # how many starts to draw from
+        "tfreplay_window_plan": (None, [_a, _a, _a, _a, _a, _n, _n, _n, _n, _a, _a, _a, _a, _a, _a, _a]),
+        # strict windows through the episode index: the counts, a round of candidates, the exact draw
+        "tfreplay_strict_counts": (_n, [_a, _n, _n, _n, _n, _n, _n, _a, _a, _n, _a, _a, _a, _a, _a]),
+        "tfreplay_strict_keep": (_n, [_a, _n, _n, _a, _a, _n, _n, _n, _n, _n, _a, _a, _a, _a]),  # still missing
+        "tfreplay_strict_exact": (None, [_a, _n, _a, _n, _n, _n, _n, _n, _a, _a, _a, _a, _a]),
+    },
+}
+
+__all__ = [
+    "NAMES",
+    "BuildResult",
+    "KernelStatus",
+    "address",
+    "build",
+    "frame_stack",
+    "status",
+    "sum_tree_library",
+    "sum_tree_ops",
+    "window_ops",
+    "windows_library",
+]

@@ -51,4 +51,11 @@ int64_t tfreplay_ring_update(double* tree, int64_t leaves, const int64_t* num_ad
                               rows.data(), kept.data(), node.data(), max_priority);
 }
 
+// The key of the sources this library was built from (tfreplay/native/_sources.py): the loader skips a library
+// whose key is not its sources' key, so a build left over from older sources is never used.
+#ifndef TFREPLAY_SOURCE_KEY
+#define TFREPLAY_SOURCE_KEY ""
+#endif
+const char* tfreplay_sum_tree_source_key() { return TFREPLAY_SOURCE_KEY; }
+
 }  // extern "C"

@@ -190,4 +190,11 @@ void tfreplay_strict_exact(const int64_t* draws, int64_t size, const int64_t* nu
   }
 }
 
+// The key of the sources this library was built from (tfreplay/native/_sources.py): the loader skips a library
+// whose key is not its sources' key, so a build left over from older sources is never used.
+#ifndef TFREPLAY_SOURCE_KEY
+#define TFREPLAY_SOURCE_KEY ""
+#endif
+const char* tfreplay_windows_source_key() { return TFREPLAY_SOURCE_KEY; }
+
 }  // extern "C"
