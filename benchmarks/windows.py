@@ -47,7 +47,7 @@ from benchmarks.cases import add_overlap_flag, graph_loop, set_overlap  # noqa: 
 from benchmarks.report import format_table  # noqa: E402
 from benchmarks.timing import Bench, compare  # noqa: E402
 from tfreplay import NStepReturns, PyUniformReplayBuffer, Sequences, TFUniformReplayBuffer  # noqa: E402
-from tfreplay._src import compiled_windows, sample  # noqa: E402
+from tfreplay._src import sample  # noqa: E402
 from tfreplay._src.episodes import POS_BINS  # noqa: E402
 from tfreplay.rl.drivers import Transition  # noqa: E402
 
@@ -108,12 +108,8 @@ def sequence_draw(twin: str, rb, transform) -> Bench:
     parts, made = rb._parts, rb._twin  # private: this row times the draw without the read
     req = rb._sample_request("get_next", BATCH, None, True, transform)
     if twin == "tf":
-        padded = compiled_windows.tf_padded_plan(parts, made, req)
-        if padded is not None:
-            plan = tf.function(lambda: padded()[:4], autograph=False)
-        else:
-            draw = lambda: sample.plan(parts, made.view(parts, req), req)  # noqa: E731
-            plan = tf.function(draw, autograph=False, jit_compile=True)
+        draw = lambda: sample.plan(parts, made.view(parts, req), req)  # noqa: E731
+        plan = tf.function(draw, autograph=False, jit_compile=True)
         return Bench(plan.get_concrete_function())
     view = parts.view(req.window, req.padded, made.draw, made.uniform, lambda a: a)
 

@@ -14,7 +14,6 @@ candidates or the exact draw.
 from __future__ import annotations
 
 import collections
-import shutil
 
 import numpy as np
 import pytest
@@ -27,7 +26,6 @@ from tfreplay import (
     PyPrioritizedReplayBuffer,
     PyUniformReplayBuffer,
     Sequences,
-    TFUniformReplayBuffer,
     frame_data_spec,
     native,
 )
@@ -253,20 +251,6 @@ def test_an_empty_buffer_is_refused_on_both_paths(monkeypatch, counting):
     assert counting.calls["tfreplay_window_plan"] == 1
 
 
-def test_the_window_kernel_falls_back_when_it_cannot_be_built(monkeypatch, tmp_path, caplog):
-    """A failing compiler: the build says so and leaves nothing to load; TFREPLAY_NATIVE=0: no kernel, no warning."""
-    monkeypatch.setenv("TFREPLAY_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", shutil.which("false") or "false")  # a "compiler" that always fails
-    [result] = native.build(["window_ops"])
-    assert (result.state, result.path) == ("failed", None)
-    assert result.reason.startswith("false failed: ")
-    assert list(tmp_path.glob("*.so")) == []
-    monkeypatch.setenv("TFREPLAY_NATIVE", "0")
-    caplog.clear()
-    assert native.windows_library() is None and native.window_ops() is None
-    assert caplog.records == []
-
-
 # Strict windows (inside one episode) through the index. Episodes of 1 to 6 steps: a window of 6 fits few
 # of them, so its samples often need more rounds of candidates or the exact draw, or find no window at all.
 STRICT = [Sequences(3), Sequences(4, burn_in=1), Sequences(6)]
@@ -407,74 +391,3 @@ def test_no_strict_window_is_refused_alike_and_draws_alike_after(monkeypatch, co
     assert same_sample(pair, monkeypatch, 16, Sequences(3)) is not None
     assert same_draw(pair, monkeypatch, NO_WINDOW["rows"], sample_batch_size=16, num_steps=3) is not None
     assert counting.calls["tfreplay_strict_exact"] == 0  # nothing to count: no exact draw
-
-
-# The TF twin: the same plan as two TF ops (`native.window_ops`), against its XLA-compiled array-op plan.
-needs_ops = pytest.mark.skipif(native.window_ops() is None, reason="no compiled window-plan ops here")
-
-
-def on_both_tf(pair, monkeypatch, fn) -> list:
-    """`fn(buffer)` on both TF buffers of `pair` (ops, XLA), or the error it raised."""
-    got = []
-    for rb, compiled in zip(pair, (True, False)):
-        with monkeypatch.context() as patch:
-            if not compiled:  # decided when a call is traced: each buffer traces its own calls
-                patch.setattr(native, "window_ops", lambda: None)
-            try:
-                got.append(tf.nest.map_structure(np.asarray, fn(rb)))
-            except (ValueError, tf.errors.InvalidArgumentError) as err:
-                got.append(err)
-    return got
-
-
-def same_tf(pair, monkeypatch, fn) -> bool:
-    """Whether both buffers gave a sample (equal in every output, id and probability), else both refused."""
-    got = on_both_tf(pair, monkeypatch, fn)
-    if any(isinstance(x, Exception) for x in got):
-        assert all(isinstance(x, Exception) for x in got) and all("no window" in str(x) for x in got), got
-        return False
-    for a, b in zip(tf.nest.flatten(got[0]), tf.nest.flatten(got[1])):
-        np.testing.assert_array_equal(a, b)
-    return True
-
-
-@needs_ops
-@pytest.mark.parametrize("batch_size", [1, 3])
-def test_tf_padded_windows_through_segments_wrap_around_and_a_clear(batch_size, monkeypatch):
-    ops = Counting(native.window_ops())  # counts traces: a graph calls the ops it was traced with
-    monkeypatch.setattr(native, "window_ops", lambda: ops)
-    rng = np.random.default_rng(20 + batch_size)
-    pair = [TFUniformReplayBuffer(SPEC, batch_size, 11, seed=4) for _ in range(2)]
-    functions = [{t: tf.function(lambda t=t, rb=rb: rb.get_next(16, transform=t)) for t in TRANSFORMS} for rb in pair]
-    drawn = 0
-    for step, batch in enumerate(steps(rng, batch_size, 40)):
-        for rb in pair:
-            rb.add_batch(tf.nest.map_structure(tf.constant, batch))
-        if step == 25:
-            for rb in pair:
-                rb.clear()
-            continue
-        for transform in TRANSFORMS:
-            drawn += same_tf(pair, monkeypatch, lambda rb, t=transform: rb.get_next(16, transform=t))
-            drawn += same_tf(pair, monkeypatch, lambda rb, t=transform: functions[pair.index(rb)][t]())
-    assert drawn > 200
-    # Each of the first buffer's traces (eager and tf.function, per transform) plans with the ops, unlocked and in
-    # its locked redraw; the second buffer's traces never do.
-    assert ops.calls["tfreplay_window_plan"] == 2 * 2 * len(TRANSFORMS)
-
-
-@needs_ops
-def test_tf_padded_windows_in_a_dataset_and_without_episode_fields(monkeypatch):
-    rng = np.random.default_rng(3)
-    pair = [TFUniformReplayBuffer(SPEC, 2, 9, seed=1) for _ in range(2)]
-    plain = [TFUniformReplayBuffer(PLAIN_SPEC, 2, 9, seed=1) for _ in range(2)]  # no index: the ring's windows
-    for batch in steps(rng, 2, 14):
-        for rb in pair:
-            rb.add_batch(tf.nest.map_structure(tf.constant, batch))
-        for rb in plain:
-            rb.add_batch({k: tf.constant(getattr(batch, k)) for k in PLAIN_SPEC})
-    for buffers in (pair, plain):
-        for transform in (NStepReturns(n=3, gamma=0.9), Sequences(4, pad=True)):
-            # A dataset's map function is traced when the dataset is made.
-            read = lambda rb, t=transform: list(rb.as_dataset(8, transform=t).take(5).as_numpy_iterator())  # noqa: E731
-            assert same_tf(buffers, monkeypatch, read)

@@ -24,9 +24,9 @@ from typing import Any, Callable
 import numpy as np
 
 from tfreplay import native
-from tfreplay._src import ring, sample, stacks
+from tfreplay._src import ring, sample
 from tfreplay._src.episodes import POS_BINS, Shape
-from tfreplay._src.ops import NUMPY_OPS, TF_OPS, under_xla
+from tfreplay._src.ops import NUMPY_OPS
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.samplers import View
 from tfreplay._src.samplers.uniform import _CANDIDATES, _ROUNDS
@@ -157,30 +157,3 @@ def planner(parts: Parts) -> WindowPlanner | None:
         return None
     index = (parts.pos, parts.newest, parts.pos_counts) if parts.rule is not None else None
     return WindowPlanner(library, parts.num_adds, parts.max_length, index, parts.sampler, parts.storage.window)
-
-
-def tf_padded_plan(parts: Parts, twin: Any, req: Request) -> Callable[[], tuple] | None:
-    """The TF twin's plan of padded windows over rows (n-step returns, padded sequences of a uniform sampler)
-    by two compiled ops (`native/kernels/window_ops.cc`, over `windows.cc`), or None where they do not plan it
-    (then an XLA-compiled function of the array-op plan). Decided while tracing: on the CPU outside XLA, where
-    the ops are built. The callable returns `(read plan, ids, probabilities, count, num_adds)`."""
-    usable = req.padded and parts.rule is not None and parts.sampler.draws_uniformly
-    usable = usable and parts.storage.window == Shape() and not under_xla() and stacks.on_cpu(parts.pos)
-    kernels = native.window_ops() if usable else None
-    if kernels is None:
-        return None
-
-    def plan() -> tuple:
-        n, length = req.n, parts.max_length
-        num_adds = parts.num_adds.read_value()
-        start, counts, total = kernels.tfreplay_padded_counts(
-            num_adds, parts.newest.read_value(), max_length=length, num_steps=n
-        )
-        draws = twin.draw([req.size], total)  # the random numbers the array-op path draws
-        segment, t, rows, ids, mask, last, last_rows = kernels.tfreplay_window_plan(
-            draws, counts, start, num_adds, parts.pos.handle, num_steps=n, max_length=length
-        )
-        planned = sample.compiled_plan(parts, segment, t, rows, mask, last, last_rows, req)
-        return planned, ids, TF_OPS.probability([req.size], total), total, num_adds
-
-    return plan

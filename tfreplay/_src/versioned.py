@@ -25,7 +25,6 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay._src import compiled_windows
 from tfreplay._src import sample as samples
 from tfreplay._src.ops import under_xla
 from tfreplay._src.parts import Parts, Request
@@ -98,8 +97,7 @@ def _draw(parts: Parts, twin: Any, req: Request, locked: bool) -> tuple:
     Plain uniform ring windows read nothing but `num_adds` (one atomic read,
     published by writers after their rows) and the generator: no lock. Other
     draws read several variables, so a draw that writes may overlap (`locked`)
-    takes the lock; through the episode index the draw is compiled with XLA
-    (padded windows over rows: compiled ops, where built).
+    takes the lock; through the episode index the draw is compiled with XLA.
     """
 
     def draw() -> tuple:
@@ -107,10 +105,7 @@ def _draw(parts: Parts, twin: Any, req: Request, locked: bool) -> tuple:
         return (*samples.plan(parts, view, req), view.num_adds)
 
     locked = locked and (req.window is not None or not parts.sampler.draws_uniformly)
-    padded = compiled_windows.tf_padded_plan(parts, twin, req)
-    if padded is not None:
-        draw = padded
-    elif req.window is not None:
+    if req.window is not None:
         draw = twin.eager.get(f"plan/{req.key}", draw, jit_compile=True)
     return twin.locked_call(draw) if locked else draw()
 
@@ -128,8 +123,7 @@ def slack(parts: Parts, read_plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
 
 
 def _locked(parts: Parts, twin: Any, req: Request) -> tuple:
-    """The draw and the read under the lock (ring windows), or a compiled draw (XLA, or compiled ops) and the
-    read."""
+    """The draw and the read under the lock (ring windows), or an XLA-compiled draw and the read."""
     if req.window is None:
 
         def ring() -> tuple:
@@ -137,13 +131,9 @@ def _locked(parts: Parts, twin: Any, req: Request) -> tuple:
             return samples.read(parts, read_plan, req), ids, probs, count
 
         return twin.locked_call(ring)
-    padded = compiled_windows.tf_padded_plan(parts, twin, req)
-    if padded is not None:
-        plan: Callable[[], tuple] = lambda: padded()[:4]  # noqa: E731
-    else:
-        plan = twin.eager.get(
-            f"plan/{req.key}/locked", lambda: samples.plan(parts, twin.view(parts, req), req), jit_compile=True
-        )
+    plan = twin.eager.get(
+        f"plan/{req.key}/locked", lambda: samples.plan(parts, twin.view(parts, req), req), jit_compile=True
+    )
 
     def call() -> tuple:
         read_plan, ids, probs, count = plan()

@@ -9,7 +9,6 @@ instead: same results, slower.
   draw of strict windows through the episode index, each in a few C calls (`windows.cc`).
 * `sum_tree_ops()`: the same sum-tree loops as TF ops on the tree's variable (`sum_tree_ops.cc`).
 * `frame_stack()`: the op that stacks a frame buffer's frames in one pass (`frame_stack.cc`).
-* `window_ops()`: the padded-window plan's two calls as TF ops (`window_ops.cc`, over `windows.cc`).
 
 How they load. The two C libraries are compiled when the package is built (`pip wheel`, `pip install`,
 `pip install -e .`: setup.py's optional extension, a baseline ISA) and load from the package. A TF op must be
@@ -77,9 +76,6 @@ _KERNELS = {
     "frame_stack": _Kernel(
         "the frame-stacking TF op", "TFFrameReplayBuffer stacks frames with XLA instead, slower", "15 s"
     ),
-    "window_ops": _Kernel(
-        "the window-plan TF ops", "TF buffers plan padded n-step returns and sequences with XLA, slower", "15 s"
-    ),
 }
 NAMES = tuple(_KERNELS)
 
@@ -100,12 +96,6 @@ def sum_tree_ops() -> Any:
 def sum_tree_library() -> Any:
     """The same functions for NumPy arrays (ctypes, `kernels/sum_tree.cc`), or None."""
     return _kernel("sum_tree")
-
-
-@tf.autograph.experimental.do_not_convert
-def window_ops() -> Any:
-    """The TF twin's padded-window plan as TF ops (`kernels/window_ops.cc`, over `windows.cc`), or None."""
-    return _kernel("window_ops")
 
 
 def windows_library() -> Any:
@@ -347,6 +337,5 @@ __all__ = [
     "status",
     "sum_tree_library",
     "sum_tree_ops",
-    "window_ops",
     "windows_library",
 ]

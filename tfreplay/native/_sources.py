@@ -17,7 +17,6 @@ FILES = {
     "windows": ("windows.cc",),
     "sum_tree_ops": ("sum_tree_ops.cc", "sum_tree.h"),
     "frame_stack": ("frame_stack.cc",),
-    "window_ops": ("window_ops.cc", "windows.cc"),
 }
 
 # Plain C libraries (no TensorFlow): compiled into the package when it is built, loaded with ctypes.
