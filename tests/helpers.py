@@ -8,7 +8,8 @@ or from each other; `conftest.py` holds only fixtures.
 * Frame rows (`id_frames`, `contract_rows`, `make_stream`) and `Reference`, a
   model of frame replay that stacks frames from the whole stream.
 * `Kind`: how the contract suite drives one buffer class (items, decoding,
-  which ids may be drawn, the documented sample spec); `KINDS` has all four.
+  which ids may be drawn, the documented sample spec); `KINDS` has all eight
+  public buffers (uniform, frame, prioritized and prioritized frame; TF and NumPy).
 * `Api`: one buffer's methods eagerly, inside `tf.function`, or through
   `as_dataset` (`MODES`); it returns NumPy.
 """
@@ -21,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import math  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -30,8 +32,12 @@ import tensorflow as tf  # noqa: E402
 from tfreplay import (  # noqa: E402
     BufferInfo,
     PyFrameReplayBuffer,
+    PyPrioritizedFrameReplayBuffer,
+    PyPrioritizedReplayBuffer,
     PyUniformReplayBuffer,
     TFFrameReplayBuffer,
+    TFPrioritizedFrameReplayBuffer,
+    TFPrioritizedReplayBuffer,
     TFUniformReplayBuffer,
     frame_data_spec,
 )
@@ -287,6 +293,9 @@ class Kind:
     is_tf: bool
     data_spec: dict  # the spec of the rows `items` makes
     history_len = None
+    prioritized = False  # has `update_priorities`; before any update every valid window is equally likely
+    window = 2  # the `num_steps` the suite draws windows of (the longest a prioritized frame buffer allows is 1)
+    has_stateful_dataset = True  # takes `stateful_dataset`
     # Leaves the bad-batch cases mutate: (float32 leaf, shaped leaf, top-level key to drop).
     float_leaf: str
     shaped_leaf: str
@@ -325,7 +334,8 @@ class Kind:
     def empty_message(self, num_steps: int | None) -> str:
         raise NotImplementedError
 
-    def too_long_message(self, num_steps: int, max_length: int) -> str:
+    def too_long_message(self, where: str, num_steps: int, max_length: int) -> str:
+        """The refusal of `num_steps` one longer than the longest window (`max_window`), called at `where`."""
         raise NotImplementedError
 
     def from_single_pass(self, stacked, batch_size: int):
@@ -368,8 +378,8 @@ class UniformKind(Kind):
             return "get_next: the buffer is empty; add items before sampling"
         return rf"get_next: no segment holds {num_steps} consecutive items yet \(num_steps={num_steps}\)"
 
-    def too_long_message(self, num_steps, max_length):
-        return rf"num_steps \({num_steps}\) must be at most max_length \({max_length}\)"
+    def too_long_message(self, where, num_steps, max_length):
+        return rf"{where}: num_steps \({num_steps}\) must be at most max_length \({max_length}\)"
 
     def from_single_pass(self, stacked, batch_size):
         return tf.nest.map_structure(lambda x: x.reshape((batch_size, -1) + x.shape[1:]), stacked)
@@ -445,8 +455,32 @@ class FrameKind(Kind):
             return "get_next: the buffer holds no valid transition yet"
         return f"get_next: the buffer holds no valid window of {num_steps} transitions of one episode yet"
 
-    def too_long_message(self, num_steps, max_length):
-        return rf"num_steps \({num_steps}\) must be at most max_length - 1 \({max_length - 1}\)"
+    def too_long_message(self, where, num_steps, max_length):
+        return rf"{where}: num_steps \({num_steps}\) must be at most max_length - 1 \({max_length - 1}\)"
+
+
+class PrioritizedKind(UniformKind):
+    """Prioritized replay over `SPEC`: the uniform ring's layout; new items enter at priority 1 until an update."""
+
+    prioritized = True
+
+    def __init__(self, name: str, cls: type):
+        super().__init__(name, cls)
+        self.has_stateful_dataset = self.is_tf  # PyPrioritizedReplayBuffer takes no `stateful_dataset`
+
+
+class PrioritizedFrameKind(FrameKind):
+    """Prioritized frame replay: transitions only, `num_steps` None or 1."""
+
+    prioritized = True
+    window = 1
+
+    def max_window(self, max_length):
+        return 1
+
+    def too_long_message(self, where, num_steps, max_length):
+        # Not `{where}: `: the refusal names the sampler (PrioritizedSampler), unlike the call's other checks.
+        return rf"num_steps \({num_steps}\) must be None or 1 when windows stay inside episodes"
 
 
 KINDS = {
@@ -454,24 +488,47 @@ KINDS = {
     "py-uniform": UniformKind("py-uniform", PyUniformReplayBuffer),
     "tf-frame": FrameKind("tf-frame", TFFrameReplayBuffer),
     "py-frame": FrameKind("py-frame", PyFrameReplayBuffer),
+    "tf-prioritized": PrioritizedKind("tf-prioritized", TFPrioritizedReplayBuffer),
+    "py-prioritized": PrioritizedKind("py-prioritized", PyPrioritizedReplayBuffer),
+    "tf-prioritized-frame": PrioritizedFrameKind("tf-prioritized-frame", TFPrioritizedFrameReplayBuffer),
+    "py-prioritized-frame": PrioritizedFrameKind("py-prioritized-frame", PyPrioritizedFrameReplayBuffer),
 }
 _KIND_OF_CLASS = {kind.cls: kind for kind in KINDS.values()}
 
-_SHARED = {}
+_SHARED: dict = {}  # (kind, batch_size, max_length) -> (buffer, its checkpoint, the path of its new state)
+_APIS: dict = {}
+_NEW_STATES = tempfile.TemporaryDirectory(prefix="tfreplay-tests-")  # removed when the session ends
 
 
 def shared_buffer(kind: Kind, batch_size: int, max_length: int):
-    """One seeded buffer per kind and layout, cleared for each caller.
+    """One buffer per kind and layout, put back for each caller into the state it had when new.
 
-    TF frame buffers compile their draws per sample shape on first use (a
-    second or so each): sharing one buffer keeps that to once per session.
+    TF buffers compile their draws per sample shape on first use (a second or
+    so each for frames): sharing one buffer keeps that to once per session.
+    The checkpoint of its new state (empty, counters at zero, the generator at
+    seed 0, no priority given yet) is restored for each caller, so every test
+    sees the same seeded draws whichever tests ran before it.
     """
     key = (kind.name, batch_size, max_length)
     if key not in _SHARED:
-        _SHARED[key] = kind.make(batch_size, max_length, seed=0)
-    rb = _SHARED[key]
-    rb.clear()
+        rb = kind.make(batch_size, max_length, seed=0)
+        checkpoint = tf.train.Checkpoint(buffer=rb)
+        _SHARED[key] = rb, checkpoint, checkpoint.write(os.path.join(_NEW_STATES.name, "-".join(map(str, key))))
+    rb, checkpoint, path = _SHARED[key]
+    checkpoint.read(path).assert_consumed()
     return rb
+
+
+def shared_api(kind: Kind, mode: str, batch_size: int, max_length: int) -> Api:
+    """An `Api` of `shared_buffer(kind, batch_size, max_length)` in `mode`, shared too, so the functions
+    and datasets it traces are traced once per session."""
+    rb = shared_buffer(kind, batch_size, max_length)
+    key = (kind.name, mode, batch_size, max_length)
+    if key not in _APIS:
+        _APIS[key] = Api(rb, mode, kind)
+    api = _APIS[key]
+    api.num_adds, api.static = 0, None
+    return api
 
 
 # --- one API over modes ------------------------------------------------------------------
@@ -516,7 +573,7 @@ class Api:
         method = getattr(self.rb, name)
         if not self.in_function:
             return method(*args, **kwargs)
-        key = (name, tuple(sorted(kwargs.items())))
+        key = (name, repr(sorted(kwargs.items())))  # repr: 2.0 == 2 and True == 1 trace apart
         if key not in self._fns:
             self._fns[key] = tf.function(lambda *a: method(*a, **kwargs))
         return self._fns[key](*args)
@@ -543,7 +600,7 @@ class Api:
         return to_numpy(items), BufferInfo(*to_numpy(tuple(info)))
 
     def _traced_sample(self, sample_batch_size, num_steps, time_stacked):
-        key = ("get_next", sample_batch_size, num_steps, time_stacked)
+        key = ("get_next", repr((sample_batch_size, num_steps, time_stacked)))
         if key not in self._fns:
 
             def sample():
@@ -555,7 +612,7 @@ class Api:
         return self._fns[key]()
 
     def _from_dataset(self, sample_batch_size, num_steps):
-        key = ("dataset", sample_batch_size, num_steps)
+        key = ("dataset", repr((sample_batch_size, num_steps)))
         if key not in self._fns:
             ds = self.rb.as_dataset(sample_batch_size, num_steps)
             read = tf.function(lambda: next(iter(ds))) if self.mode == "function" else lambda: next(iter(ds))
@@ -567,7 +624,9 @@ class Api:
     def gather_all(self):
         if self.mode != "dataset":
             return to_numpy(self._call("gather_all"))
-        elements = [to_numpy(items) for items, _ in self.rb.as_dataset(single_deterministic_pass=True)]
+        if "single_pass" not in self._fns:  # iterated again, the same pass reads the buffer's state then
+            self._fns["single_pass"] = self.rb.as_dataset(single_deterministic_pass=True)
+        elements = [to_numpy(items) for items, _ in self._fns["single_pass"]]
         if elements:
             stacked = tf.nest.map_structure(lambda *x: np.stack(x), *elements)
         else:
@@ -578,18 +637,27 @@ class Api:
     def num_frames(self) -> int:
         return int(self._call("num_frames"))
 
+    def update_priorities(self, ids, priorities) -> int:
+        """`update_priorities` (in this mode: inside `tf.function` for a TF buffer); the stale ids' count."""
+        return int(self._call("update_priorities", ids, priorities))
+
+    def sampling_mass(self, num_steps=None) -> float:
+        return float(self._call("sampling_mass", num_steps=num_steps))
+
     def clear(self) -> None:
         self._call("clear")
         self.num_adds = 0
 
 
 def state(api: Api, num_steps=None, sample_batch_size: int = 7):
-    """Everything observable: contents, count, and the next seeded sample."""
+    """Everything observable: contents, count, the sampling mass (a prioritized buffer's summed priorities),
+    and the next seeded sample."""
     window = None if api.num_frames() == 0 else num_steps
     sample = None
     if api.num_frames():
         sample = api.get_next(sample_batch_size, num_steps=window)
-    return api.gather_all(), api.num_frames(), sample
+    mass = np.float64(api.rb.sampling_mass()) if hasattr(api.rb, "sampling_mass") else None
+    return api.gather_all(), api.num_frames(), mass, sample
 
 
 # The uniform variants the older uniform-only tests run over.

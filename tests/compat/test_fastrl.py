@@ -216,27 +216,31 @@ def test_sampling_while_another_thread_adds_sees_whole_steps():
     replay = ExperienceReplay([], bs=4, max_sz=50, seed=0)
     for _ in range(4):  # a full batch before the writer starts: the first sample must not race it
         replay.add({"a": np.zeros(64), "b": np.zeros(64)})
-    stop = threading.Event()
+    stop, reading = threading.Event(), threading.Event()
 
     def writer():
+        reading.wait(30)  # the writer starts once the reader does, so samples are drawn while it adds
         for i in range(1, 3000):
             replay.add({"a": np.full(64, float(i)), "b": np.full(64, float(i))})
         stop.set()
 
     thread = threading.Thread(target=writer)
     thread.start()
+    reads = 0
     while not stop.is_set():
         batch = replay.sample()
+        reading.set()
         np.testing.assert_array_equal(batch["a"], batch["b"])
         assert (batch["a"] == batch["a"][:, :1]).all()
+        reads += 1
     thread.join()
-    assert replay.size == 50
+    assert reads > 1 and replay.size == 50
 
 
 def test_counters_are_read_only():
     replay = ExperienceReplay([])
     for name in ("size", "index", "cycle", "bs", "max_sz"):
-        with pytest.raises(AttributeError):
+        with pytest.raises(AttributeError, match=rf"property '{name}' of 'ExperienceReplay' object has no setter"):
             setattr(replay, name, 3)
 
 

@@ -117,6 +117,8 @@ def test_tf_agents_private_helpers_count_adds_and_clear_every_variable():
     for t in range(3):
         rb.add_batch(make_items([2 * t, 2 * t + 1]))
     assert int(rb._get_last_id()) == 2
+    storage = [v for v in rb.variables() if v.shape.rank and v.shape[0] == rb.capacity]  # a row per item
+    assert len(storage) == len(tf.nest.flatten(SPEC)) and all(np.any(v.numpy()) for v in storage)
     rb._clear(clear_all_variables=True)
     assert int(rb._get_last_id()) == -1 and int(rb.num_frames()) == 0
-    assert all(not np.any(v.numpy()) for v in rb.variables() if v.shape.rank and v.shape[0] == rb.capacity)
+    assert all(not np.any(v.numpy()) for v in storage)

@@ -104,9 +104,12 @@ def test_a_spec_without_boundaries_refuses_the_option():
     spec = {"id": tf.TensorSpec([], tf.int64)}
     with pytest.raises(ValueError, match=r"within_episodes \(True\) needs items that mark episode boundaries"):
         TFUniformReplayBuffer(spec, batch_size=2, max_length=4, within_episodes=True)
-    rule = EpisodeRule(start="id")
+    rule = EpisodeRule(start="id")  # a step_type-like integer field: 0 starts an episode
     rb = PyUniformReplayBuffer(spec, batch_size=1, max_length=4, within_episodes=True, episode_rule=rule, seed=0)
-    rb.add_batch({"id": np.array([5])})  # a step_type-like integer field: 0 starts an episode
+    for value in (5, 0, 3, 4):  # episodes [5] and [0, 3, 4]
+        rb.add_batch({"id": np.array([value])})
+    items, _ = rb.get_next(sample_batch_size=200, num_steps=2)
+    assert {tuple(w) for w in np.asarray(items["id"]).tolist()} == {(0, 3), (3, 4)}
     with pytest.raises(TypeError, match="episode end field 'id' \\(int64\\) must be tf.bool"):
         PyUniformReplayBuffer(spec, batch_size=1, max_length=4, episode_rule=EpisodeRule(ends=("id",)))
 

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import threading
-import types
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ import tensorflow as tf
 from helpers import FRAME, Reference, frame_of, make_stream, row, run_threads
 
 from tfreplay import PyFrameReplayBuffer, Sequences, TFFrameReplayBuffer, frame_data_spec, native
-from tfreplay._src import stacks as frame_index
 
 TWINS = ["tf", "tf-xla", "py"]  # tf: stacks from the native kernel; tf-xla: from XLA
 
@@ -471,25 +469,56 @@ def test_storage_keeps_each_frame_once():
     assert stacked == pytest.approx(per_row, rel=1e-3)
 
 
-@pytest.mark.parametrize("dtype", [np.uint8, bool, np.dtype(">u2"), np.float32])
+def naive_stacks(frames: np.ndarray, rows: np.ndarray, history_len: int, num_steps: int | None) -> tuple:
+    """Observation and next-observation stacks of `frames` at `rows` (`[samples, history_len + steps]`), one
+    slot at a time: `[samples, (steps,) *frame, history_len]`."""
+    windows = frames[rows]
+    out = []
+    for first in (0, 1):
+        steps = [np.stack([windows[:, j + k + first] for k in range(history_len)], -1) for j in range(num_steps or 1)]
+        out.append(steps[0] if num_steps is None else np.stack(steps, 1))
+    return tuple(out)
+
+
+def random_bits(rng: np.random.Generator, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """Frames of any bits of `dtype` (NaNs and negative zeros included), bools 0 or 1."""
+    raw = rng.integers(0, 2 if dtype.kind == "b" else 256, shape[:-1] + (shape[-1] * dtype.itemsize,), dtype=np.uint8)
+    return raw.view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, bool, np.uint16, np.float32])
 @pytest.mark.parametrize("history_len", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("num_steps", [None, 1, 3])
-def test_np_stacks_have_the_bits_of_naive_stacks(dtype, history_len, num_steps):
-    """Packed-word stacks (a pixel's stack in 2, 4 or 8 bytes) and slot-by-slot ones alike."""
+def test_numpy_twin_stacks_have_the_bits_of_naive_stacks(dtype, history_len, num_steps):
+    """Whatever the frame dtype and stack length (a pixel's stack packed in one word of 2, 4 or 8 bytes, or
+    copied slot by slot), every sampled stack has exactly the bits of the frames it shows, zeros before the
+    episode's first frame."""
     rng = np.random.default_rng(0)
     dtype = np.dtype(dtype)
-    raw = rng.integers(0, 2 if dtype.kind == "b" else 256, (20, 2, 3 * dtype.itemsize), dtype=np.uint8)
-    frames = raw.view(dtype)  # any bits, NaNs included
-    rows = rng.integers(0, 20, (7, history_len + (num_steps or 1)))
-    obs, nxt = frame_index.np_stacks(frames, rows, history_len, num_steps)
-    windows = frames[rows]
-    for got, first in ((obs, 0), (nxt, 1)):
-        want = np.stack(
-            [np.stack([windows[:, j + k + first] for k in range(history_len)], -1) for j in range(num_steps or 1)], 1
-        )
-        want = want[:, 0] if num_steps is None else want
-        assert got.dtype == frames.dtype and got.shape == want.shape
-        assert got.tobytes() == want.astype(frames.dtype).tobytes()
+    length = 20
+    frames = random_bits(rng, (length, *FRAME), dtype)
+    spec = frame_data_spec(FRAME, frame_dtype=tf.as_dtype(dtype))
+    rb = PyFrameReplayBuffer(spec, 2 * length, history_len=history_len, seed=0)
+    rb.add_batch(
+        {
+            "frame": frames,
+            "first": np.arange(length) == 0,  # one episode
+            "action": np.arange(length, dtype=np.int32),
+            "reward": np.zeros(length, np.float32),
+            "terminated": np.zeros(length, bool),
+            "truncated": np.zeros(length, bool),
+        }
+    )
+    items, info = rb.get_next(sample_batch_size=64, num_steps=num_steps)
+    ids = np.asarray(info.ids).reshape(64, -1)
+    padded = np.concatenate([np.zeros((history_len, *FRAME), dtype), frames])  # zeros before the first frame
+    # Transition t shows frames t - history_len .. t (through its last step), rows t .. of `padded`.
+    rows = ids[:, :1] + np.arange(history_len + (num_steps or 1))
+    for got, want in zip(
+        (items["observation"], items["next_observation"]), naive_stacks(padded, rows, history_len, num_steps)
+    ):
+        assert got.dtype == dtype and got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
 
 
 @pytest.mark.slow  # a first build compiles for about 15 s
@@ -515,7 +544,7 @@ def test_native_stacks_equal_numpy_stacks(dtype, history_len, num_steps):
     rows = rng.integers(0, 20, (7, history_len + (num_steps or 1)))
     variable = tf.Variable(frames)
     got = stack(variable.handle, rows, T=variable.dtype, history_len=history_len, time_axis=num_steps is not None)
-    for g, w in zip(got, frame_index.np_stacks(frames, rows, history_len, num_steps)):
+    for g, w in zip(got, naive_stacks(frames, rows, history_len, num_steps)):
         assert g.dtype == variable.dtype and g.shape == w.shape
         assert g.numpy().tobytes() == w.tobytes()
 
@@ -541,13 +570,6 @@ def test_native_kernel_falls_back_to_xla_when_it_cannot_be_built(monkeypatch, tm
     caplog.clear()
     assert native.frame_stack() is None
     assert caplog.records == []
-
-
-def test_the_kernel_is_picked_only_for_frames_on_the_cpu():
-    """The kernel is CPU-only: frames on another device are stacked by XLA."""
-    assert frame_index.on_cpu(types.SimpleNamespace(device="/job:localhost/replica:0/task:0/device:CPU:0"))
-    assert frame_index.on_cpu(types.SimpleNamespace(device=""))
-    assert not frame_index.on_cpu(types.SimpleNamespace(device="/job:localhost/replica:0/task:0/device:GPU:0"))
 
 
 def test_sampling_in_a_function_keeps_static_shapes_and_autograph_quiet(caplog):

@@ -198,7 +198,7 @@ def test_a_failed_sample_in_a_graph_gives_its_count_back():
 def test_a_rejected_batch_counts_nothing(twin):
     limiter = MinSize(1)
     rb = make(twin, limiter)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"add_batch: id has dtype int32; the spec expects int64"):
         rb.add_batch({"id": np.zeros([2], np.int32)})
     assert limiter.info()[:3] == (0, 0, 0)
 
