@@ -40,6 +40,7 @@ from tfreplay import (  # noqa: E402
     TFPrioritizedReplayBuffer,
     TFUniformReplayBuffer,
     frame_data_spec,
+    native,
 )
 
 # --- uniform items ------------------------------------------------------------------
@@ -274,6 +275,25 @@ class Reference:
                 continue
             want = np.stack([self.transitions[int(i)][key] for i in ids.reshape(-1)]).reshape(got.shape)
             np.testing.assert_array_equal(got, want, err_msg=key)
+
+
+class XlaStacks:
+    """A TF frame buffer whose every call runs (and traces) with the frame-stack op disabled: its samples are
+    stacked by XLA, the fallback where the op is not built (`tfreplay.native.disabled`, per thread)."""
+
+    def __init__(self, rb):
+        self.rb = rb
+
+    def __getattr__(self, name):
+        attr = getattr(self.rb, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            with native.disabled("frame_stack"):
+                return attr(*args, **kwargs)
+
+        return call
 
 
 # --- the contract's adapters ------------------------------------------------------------

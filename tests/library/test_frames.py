@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import tensorflow as tf
-from helpers import FRAME, Reference, frame_of, make_stream, row, run_threads
+from helpers import FRAME, Reference, XlaStacks, frame_of, make_stream, row, run_threads
 
 from tfreplay import PyFrameReplayBuffer, Sequences, TFFrameReplayBuffer, frame_data_spec, native
 
@@ -28,8 +28,7 @@ def make_buffer(twin: str, num_segments: int, max_length: int, history_len: int,
     spec = frame_data_spec(FRAME)
     if twin.startswith("tf"):
         rb = TFFrameReplayBuffer(spec, num_segments, max_length, history_len=history_len, seed=seed)
-        rb._native_stacks = twin == "tf"
-        return rb
+        return rb if twin == "tf" else XlaStacks(rb)
     return PyFrameReplayBuffer(spec, batch_size=num_segments, max_length=max_length, history_len=history_len, seed=seed)
 
 
@@ -329,7 +328,7 @@ def test_one_ring_form_appends_any_number_of_rows():
 @pytest.mark.parametrize("twin", TWINS)
 def test_checkpoint_restores_rows_counters_and_generator(twin, tmp_path):
     rb, _ = filled(twin, 3, 12, 4, 40)
-    checkpoint = tf.train.Checkpoint(buffer=rb)
+    checkpoint = tf.train.Checkpoint(buffer=getattr(rb, "rb", rb))  # the buffer itself, not its XLA-stacks proxy
     path = checkpoint.save(str(tmp_path / "ckpt"))
     before = rb.gather_all()
     sample = rb.get_next(sample_batch_size=8)

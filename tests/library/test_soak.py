@@ -23,7 +23,7 @@ import traceback
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SPEC, decode, make_items
+from helpers import SPEC, XlaStacks, decode, make_items
 
 from tfreplay import (
     PyFrameReplayBuffer,
@@ -283,8 +283,7 @@ def frame_sides(sides: Sides, kind: str, rb) -> Frames:
 def test_every_side_racing_at_once_finishes_and_reads_whole_items(kill_switch, frequent_thread_switches):
     sides = Sides()
     spec = frame_data_spec(FRAME)
-    tf_xla = TFFrameReplayBuffer(spec, SEGMENTS, RING, history_len=3, seed=2)
-    tf_xla._native_stacks = False  # the XLA stacks, the fallback without a compiler (as test_frames does)
+    tf_xla = XlaStacks(TFFrameReplayBuffer(spec, SEGMENTS, RING, history_len=3, seed=2))  # stacked by XLA
     buffers = [
         uniform_sides(sides, "tf", TFUniformReplayBuffer(SPEC, SEGMENTS, RING, seed=0)),
         uniform_sides(sides, "py", PyUniformReplayBuffer(SPEC, batch_size=SEGMENTS, max_length=RING, seed=0)),

@@ -307,3 +307,22 @@ def test_the_command_prints_the_status_and_the_usage_and_refuses_an_unknown_kern
     assert "build: kernel (nope) must be one of sum_tree, windows, sum_tree_ops" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"build: kernel \(nope\) must be one of sum_tree, windows, sum_tree_ops"):
         native.build(["nope"])
+
+
+def test_disabled_turns_kernels_off_for_one_block_of_one_thread():
+    import threading
+
+    outside = native.sum_tree_library()
+    with native.disabled("sum_tree"):
+        assert native.sum_tree_library() is None
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(native.sum_tree_library()))
+        thread.start()
+        thread.join()
+        assert seen == [outside]  # another thread is not affected
+        with native.disabled():
+            assert [native.windows_library(), native.frame_stack(), native.sum_tree_ops()] == [None] * 3
+    assert native.sum_tree_library() is outside
+    with pytest.raises(ValueError, match=r"disabled: kernel names \(\['window'\]\) must be among"):
+        with native.disabled("window"):
+            pass

@@ -19,11 +19,13 @@ Nothing compiles on first use unless `TFREPLAY_BUILD_OPS=1` allows it (one line 
 
 Where a kernel is missing, its first use logs one WARNING per process (logger `tfreplay.native`) naming
 what got slower and the fix. `TFREPLAY_NATIVE=0` turns every kernel off on purpose, without a warning; it is
-read at each accessor call, while loaded libraries are kept for the process.
+read at each accessor call, while loaded libraries are kept for the process; `disabled(...)` does the same for
+one block of one thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import importlib.machinery
@@ -31,7 +33,7 @@ import logging
 import os
 import pathlib
 import threading
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import tensorflow as tf
 
@@ -42,6 +44,7 @@ _log = logging.getLogger("tfreplay.native")
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}  # kernel name -> its library or op module, or None once it could not load
 _warned: set[str] = set()
+_off = threading.local()  # kernels `disabled` in this thread
 
 _C_FIX = "Reinstall tfreplay from a wheel, or run `python -m tfreplay.native build`."
 _TF_FIX = (
@@ -186,9 +189,26 @@ def build(names: Sequence[str] | None = None) -> list[BuildResult]:
     return results
 
 
+@contextlib.contextmanager
+def disabled(*names: str) -> Iterator[None]:
+    """Within it, in this thread, the kernels named (every kernel when none is) are unavailable, as with
+    `TFREPLAY_NATIVE=0` but for one block: what a buffer builds or traces inside it (its first calls, a
+    `tf.function` or dataset made inside) runs on the array-op or XLA fallback, with the same results and no
+    warning. For comparing the two paths, e.g. in tests and benchmarks."""
+    unknown = sorted(set(names) - set(NAMES))
+    if unknown:
+        raise ValueError(f"disabled: kernel names ({unknown}) must be among {list(NAMES)}.")
+    before = getattr(_off, "names", frozenset())
+    _off.names = before | frozenset(names or NAMES)
+    try:
+        yield
+    finally:
+        _off.names = before
+
+
 def _kernel(name: str) -> Any:
     """Kernel `name`, loaded once per process (a failure is remembered too, and warned about once)."""
-    if os.environ.get("TFREPLAY_NATIVE", "1") == "0":
+    if os.environ.get("TFREPLAY_NATIVE", "1") == "0" or name in getattr(_off, "names", ()):
         return None
     with _lock:
         if name not in _loaded:
@@ -333,6 +353,7 @@ __all__ = [
     "KernelStatus",
     "address",
     "build",
+    "disabled",
     "frame_stack",
     "status",
     "sum_tree_library",
