@@ -210,7 +210,9 @@ def test_tf_episode_windows_drawn_unlocked_stay_whole_while_a_writer_wraps_aroun
 # --- a failed or interrupted call never leaves a buffer locked ---------------------------------
 
 PACKAGE = os.path.dirname(tfreplay.__file__)
-LOCK_L = 64  # never wrapped here: a buffer's number of adds shows in num_frames
+# The contract's layout and sample size (test_contract.py), so a whole run compiles these buffers' draws once.
+# They are refilled before they wrap: a buffer's number of adds shows in num_frames.
+LOCK_B, LOCK_L, SAMPLE = 2, 7, 400
 
 
 def interrupting(number: int, started: list):
@@ -253,11 +255,14 @@ def assert_unlocked_and_whole(api, checked: dict) -> None:
     api.num_adds = int(api.rb.num_frames()) // api.rb.batch_size  # an interrupted add may have landed
     kind, held = api.kind, (to_numpy(api.rb.gather_all()), api.sampling_mass())
     if api.num_adds not in checked:
-        np.testing.assert_array_equal(kind.decode(held[0], ROWS), kind.all_ids(ROWS, LOCK_L, api.num_adds))
+        np.testing.assert_array_equal(kind.decode(held[0], LOCK_B), kind.all_ids(LOCK_B, LOCK_L, api.num_adds))
         if kind.prioritized:  # every item at priority 1
-            assert held[1] == len(kind.valid_starts(ROWS, LOCK_L, api.num_adds, None))
+            assert held[1] == len(kind.valid_starts(LOCK_B, LOCK_L, api.num_adds, None))
         checked[api.num_adds] = held
     assert_nest_equal(held, checked[api.num_adds])
+    if api.num_adds >= LOCK_L - 1:  # the next add could wrap the ring: start again
+        api.clear()
+        api.add_steps(4)
 
 
 def interruptible(kind, name: str):
@@ -268,8 +273,8 @@ def interruptible(kind, name: str):
         "num_frames": lambda rb: rb.num_frames(),
         "num_transitions": lambda rb: rb.num_transitions(),
         "sampling_mass": lambda rb: rb.sampling_mass(),
-        "get_next": lambda rb: rb.get_next(4),
-        "update_priorities": lambda rb: rb.update_priorities(rb.get_next(4)[1].ids, np.ones(4)),
+        "get_next": lambda rb: rb.get_next(SAMPLE),
+        "update_priorities": lambda rb: rb.update_priorities(rb.get_next(SAMPLE)[1].ids, np.ones(SAMPLE)),
     }
     return calls[name]
 
@@ -296,7 +301,7 @@ INTERRUPTED_CALLS = [
 def test_a_call_interrupted_anywhere_leaves_the_buffer_unlocked_and_usable(kind, name):
     """The call, interrupted in turn as each of tfreplay's functions in it starts (with the lock taken or
     not), leaves no lock held while the interrupt's traceback lives, and the buffer whole."""
-    api = shared_api(kind, "eager", ROWS, LOCK_L)
+    api = shared_api(kind, "eager", LOCK_B, LOCK_L)
     api.add_steps(4)
     call = (lambda: api.add_steps(1)) if name == "add_batch" else functools.partial(interruptible(kind, name), api.rb)
     call()  # traced and compiled before the count
@@ -315,15 +320,15 @@ def failing(api, name: str):
     rb, kind = api.rb, api.kind
     bad = np.array([1.0, np.nan])
     if name == "empty-get_next":
-        return (lambda: rb.get_next(4)), ValueError, kind.empty_message(None)
+        return (lambda: rb.get_next(SAMPLE)), ValueError, kind.empty_message(None)
     if name == "bad-priority":
         return (lambda: rb.update_priorities(np.arange(2), bad)), ValueError, r"priorities \(\[nan\] among them\)"
     if name == "graph-add_batch":  # a shape only the running graph can check
         spec = tf.nest.map_structure(lambda s: tf.TensorSpec([None] + s.shape.as_list(), s.dtype), rb.data_spec)
-        add, too_many = tf.function(rb.add_batch, input_signature=[spec]), kind.items(np.arange(ROWS + 1), ROWS)
-        return (lambda: add(too_many)), tf.errors.InvalidArgumentError, rf"add_batch: \S+ must have shape \[{ROWS}"
+        add, too_many = tf.function(rb.add_batch, input_signature=[spec]), kind.items(np.arange(LOCK_B + 1), LOCK_B)
+        return (lambda: add(too_many)), tf.errors.InvalidArgumentError, rf"add_batch: \S+ must have shape \[{LOCK_B}"
     if name == "graph-empty-get_next":
-        return tf.function(lambda: rb.get_next(4)), tf.errors.InvalidArgumentError, kind.empty_message(None)
+        return tf.function(lambda: rb.get_next(SAMPLE)), tf.errors.InvalidArgumentError, kind.empty_message(None)
     update = tf.function(lambda: rb.update_priorities(tf.range(2, dtype=tf.int64), tf.constant(bad)))
     return update, tf.errors.InvalidArgumentError, "update_priorities: every priority must be finite and non-negative"
 
@@ -340,7 +345,7 @@ FAILED_CALLS = [
 
 @pytest.mark.parametrize("kind, name", FAILED_CALLS, ids=lambda x: getattr(x, "name", x))
 def test_a_failed_call_leaves_the_buffer_unlocked_and_usable(kind, name):
-    api = shared_api(kind, "eager", ROWS, LOCK_L)
+    api = shared_api(kind, "eager", LOCK_B, LOCK_L)
     if "empty" not in name:
         api.add_steps(4)
     call, error, message = failing(api, name)
