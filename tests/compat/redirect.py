@@ -3,9 +3,9 @@
 Loaded before collection, it puts `tfreplay.compat.tf_agents.replay_buffers.*`
 in `sys.modules` (and on the `tf_agents.replay_buffers` package) under
 TF-Agents' names, so TF-Agents' own test modules, run from the installed
-wheel, import tfreplay's buffers without a line of theirs changed. The tests
-tfreplay fails on purpose are marked strict xfail here, each with its reason
-(the README lists the same).
+wheel, import tfreplay's buffers without a line of theirs changed. A test
+tfreplay failed on purpose would be marked strict xfail here, with its reason;
+today there is none.
 """
 
 from __future__ import annotations
@@ -18,23 +18,7 @@ import pytest
 REDIRECTED = ("replay_buffer", "tf_uniform_replay_buffer", "py_uniform_replay_buffer")
 
 # Test id (class::method) -> why tfreplay fails it. Only TF-Agents private attributes, or a behaviour fixed on purpose.
-EXPECTED_FAILURES = {
-    "TFUniformReplayBufferTest::testGetNextEmpty": (
-        "fixed on purpose: sampling an empty buffer eagerly raises ValueError naming the call and the rule "
-        "(in a graph InvalidArgumentError, with the same words), not TF-Agents' InvalidArgumentError text"
-    ),
-    "TFUniformReplayBufferTest::testNumFramesBatchSizeOne": "TF-Agents private attribute: _capacity as a tensor",
-    "TFUniformReplayBufferTest::testNumFramesBatchSizeFive": "TF-Agents private attribute: _capacity as a tensor",
-    "PyUniformReplayBufferTest::testEmptyBufferWithoutHashing": (
-        "fixed on purpose: an empty NumPy buffer refuses to sample instead of returning uninitialised arrays"
-    ),
-    "PyUniformReplayBufferTest::testEmptyBufferBatchSizeWithoutHashing": (
-        "fixed on purpose: an empty NumPy buffer refuses to sample instead of returning uninitialised arrays"
-    ),
-    "PyUniformReplayBufferTest::testEmptyBufferNumStepsWithoutHashing": (
-        "fixed on purpose: an empty NumPy buffer refuses to sample instead of returning uninitialised arrays"
-    ),
-}
+EXPECTED_FAILURES: dict = {}  # every one of TF-Agents' replay-buffer tests passes on tfreplay.compat
 
 
 ORIGINALS: dict = {}

@@ -161,3 +161,28 @@ def test_restoring_a_tf_agents_checkpoint_points_to_the_migration_and_changes_no
         tf.train.Checkpoint(replay_buffer=rb).restore(path)
     assert int(rb.num_frames()) == 2
     assert sorted(decode(rb.gather_all()).reshape(-1).tolist()) == [0, 1]
+
+
+class TFAgentsStandIn(tf.Module):
+    """A TF-Agents TFUniformReplayBuffer's saved state (2 segments of 4 rows of SPEC), with a chosen last id."""
+
+    def __init__(self, last_id: int):
+        super().__init__()
+        self._data_table, self._id_table = tf.Module(), tf.Module()
+        rows = np.arange(8) % 4 * 2 + np.arange(8) // 4  # a global id per row (b * 4 + i holds add i of segment b)
+        self._data_table._storage = tf.nest.map_structure(tf.Variable, make_items(rows))
+        self._id_table._storage = tf.Variable(np.tile(np.arange(4), 2).astype(np.int64), shape=tf.TensorShape(None))
+        self._last_id = tf.Variable(last_id, dtype=tf.int64)
+
+
+@pytest.mark.parametrize("last_id", [-2, -1000])
+def test_a_tf_agents_checkpoint_with_a_negative_last_id_is_refused_and_changes_nothing(buffer_cls, last_id, tmp_path):
+    """A `_last_id` below -1 (no buffer writes it) emptied the buffer and reported a negative count."""
+    from tfreplay.compat.tf_agents import restore_tf_agents_checkpoint
+
+    path = tf.train.Checkpoint(replay_buffer=TFAgentsStandIn(last_id)).write(str(tmp_path / "ckpt"))
+    rb = buffer_cls(SPEC, batch_size=2, max_length=4)
+    rb.add_batch(make_items([0, 1]))
+    with pytest.raises(ValueError, match=rf"_last_id \({last_id}\) must be -1 \(an empty buffer\) or the id"):
+        restore_tf_agents_checkpoint(rb, path)
+    assert sorted(decode(rb.gather_all()).reshape(-1).tolist()) == [0, 1]

@@ -286,6 +286,21 @@ def test_prioritized_service_is_exact_and_survives_a_shard_kill_with_counted_los
         old = service_ids.decode(before.ids)[0] == 0
         assert rb.update_priorities(before.ids, np.ones(50)) == old.sum()  # ids from before the restart are stale
         assert any("shard 0 restarted (epoch 1)" in r.getMessage() for r in caplog.records)
+
+        # A second kill before the next checkpoint: both restarts' losses count.
+        writer.add_batch(rows(np.arange(300, 320)))  # acknowledged in epoch 1, never checkpointed
+        writer.flush()
+        ray.kill(rb.shards.actors[0], no_restart=False)
+        rb.get_next(500)
+        while ray.get(rb.shards.actors[0].info.remote((0, 0)), timeout=60)["epoch"] != 2:
+            time.sleep(0.1)
+        writer.add_batch(rows(np.arange(400, 410)))
+        writer.flush()
+        stats = rb.stats()
+        zero = stats["shards"][0]
+        # Epoch 1 acknowledged 200..209 and 300..319 above the 160 it reloaded, and lost them in the second kill.
+        assert (zero["epoch"], zero["restored"], zero["lost"]) == (2, 160, 30 + 30)
+        assert stats["lost"] == 60 and stats["restarts"] == 2
     finally:
         rb.close()
 

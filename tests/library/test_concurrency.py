@@ -8,11 +8,9 @@ sample must show exactly what the final buffer holds at the sampled id.
 
 import functools
 import inspect
-import itertools
 import os
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -354,42 +352,3 @@ def test_a_failed_call_leaves_the_buffer_unlocked_and_usable(kind, name):
     assert_unlocked_and_whole(api, {})
     api.add_steps(3)
     assert_unlocked_and_whole(api, {})
-
-
-# TensorFlow's own lock (a TF buffer's is one), alone.
-
-_lock_names = itertools.count()
-
-
-def fresh_lock() -> tf.CriticalSection:
-    """A critical section of its own: eagerly, unnamed ones all share one mutex (TF's default shared_name)."""
-    return tf.CriticalSection(shared_name=f"test_concurrency_{next(_lock_names)}")
-
-
-def lock_is_free(lock: tf.CriticalSection, timeout: float = 10.0) -> bool:
-    """Whether a graph function on another thread gets through `lock` within `timeout` seconds."""
-    enter = tf.function(lambda: lock.execute(lambda: tf.constant(0)))
-    entered = threading.Event()
-    threading.Thread(target=lambda: (enter(), entered.set()), daemon=True).start()
-    return entered.wait(timeout)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="TensorFlow's MutexLock: a waiter cancelled while another holds the mutex marks it free "
-    "(mutex_ops.cc sets locked_ = !cancelled), so dropping a dataset iterator whose map calls wait "
-    "for a TF buffer's lock lets a second caller in beside the holder",
-)
-def test_dropping_an_iterator_whose_calls_wait_for_a_lock_keeps_it_held():
-    lock = fresh_lock()
-    v = tf.Variable(0)
-    waiting = tf.data.Dataset.range(10**9).map(lambda _: lock.execute(v.read_value), num_parallel_calls=4)
-    iterator = iter(waiting.prefetch(100_000))  # a buffer it never fills: map calls are always running
-    next(iterator)
-    held = tf.raw_ops.MutexLock(mutex=lock._handle)  # from now on the running map calls wait
-    time.sleep(0.2)
-    del iterator  # cancels them
-    try:
-        assert not lock_is_free(lock, timeout=3.0), "a second caller entered while the lock was held"
-    finally:
-        del held  # lets the second caller finish

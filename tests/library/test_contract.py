@@ -272,10 +272,7 @@ BAD_SAMPLE_ARGS = {
 
 
 @pytest.mark.parametrize("case", BAD_SAMPLE_ARGS)
-def test_bad_sample_arguments_are_rejected_and_change_nothing(api, case, tmp_path, request):
-    if case == "too-long" and api.kind.name == "py-prioritized-frame" and api.via_dataset:
-        reason = "as_dataset accepts num_steps > 1; each element's draw refuses it (InvalidArgumentError)"
-        request.applymarker(pytest.mark.xfail(raises=tf.errors.InvalidArgumentError, reason=reason, strict=True))
+def test_bad_sample_arguments_are_rejected_and_change_nothing(api, case, tmp_path):
     kwargs, message = BAD_SAMPLE_ARGS[case]
     message = f"{api.where}: {message}"
     if kwargs is None:
@@ -539,17 +536,7 @@ def test_clear_forgets_the_priorities(prioritized_api):
 @pytest.mark.parametrize(
     "kind, method",
     [(k, "add_batch") for k in KINDS.values() if not k.is_tf]
-    + [
-        pytest.param(
-            k,
-            "update_priorities",
-            marks=pytest.mark.xfail(
-                raises=AttributeError, reason="the NumPy twins call .numpy() on a graph tensor (no message)"
-            ),
-        )
-        for k in PRIORITIZED
-        if not k.is_tf
-    ],
+    + [(k, "update_priorities") for k in PRIORITIZED if not k.is_tf],
     ids=str,
 )
 def test_a_numpy_twin_called_in_a_graph_says_to_call_it_eagerly(kind, method):

@@ -10,7 +10,7 @@ differ: its array namespace (`ops`), how it makes state (`make`), its lock
 (`exclusive`), its random source (`draw`, `uniform`), how it refuses a
 runtime condition (`check`), what a checkpoint saves (`checkpoint_state`),
 and how calls reach its arrays (`add`, `get_next`, `sample_tensors`,
-`sample_dataset`, `call_tensors`, `update_priorities`, `num_frames`,
+`sample_dataset`, `snapshot`, `read_whole`, `update_priorities`, `num_frames`,
 `gather_all`, `clear`).
 """
 
@@ -52,6 +52,11 @@ class Buffer(ReplayBuffer):
         whether it drops incomplete batches and windows.
       stateful_dataset: mark datasets as carrying external state.
     """
+
+    # What a sample with nothing to draw does (the TF-Agents compat classes match TF-Agents): a note after the
+    # refusal's message, or zeros instead of a refusal (see `Parts`).
+    _empty_note = ""
+    _zeros_when_empty = False
 
     def __init__(
         self,
@@ -101,6 +106,8 @@ class Buffer(ReplayBuffer):
             window,
             num_adds,
             **index,
+            empty_note=self._empty_note,
+            zeros_when_empty=self._zeros_when_empty,
         )
         object.__setattr__(self, "_parts", parts)
         object.__setattr__(self, "_requests", _Requests())

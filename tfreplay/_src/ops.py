@@ -120,6 +120,12 @@ def _tf_frame_stacks(frames: tf.Variable, rows: tf.Tensor, history_len: int, num
     return stacks.kernel_stacks(op, frames, rows, history_len, num_steps)
 
 
+def _negative_bits(bits: Any) -> Any:
+    """Which float64 values (as their int64 bits) are below zero, by the sign bit, -0.0 aside: a negative
+    subnormal counts whatever the float mode (a TF thread that flushes denormals to zero compares it as 0)."""
+    return (bits < 0) & (bits != np.iinfo(np.int64).min)
+
+
 def _np_loop(cond: Callable, body: Callable, state: tuple, most: int) -> tuple:
     for _ in range(most):
         if not cond(*state):
@@ -173,6 +179,7 @@ NUMPY_OPS = types.SimpleNamespace(
     concat=lambda parts: np.concatenate(parts, 0),
     outer_reshape=lambda x, like: x.reshape(np.shape(like) + x.shape[1:]),
     running_sum0=lambda x: np.add.accumulate(x, axis=0),  # adds first to last, as the TF loop does
+    negative=lambda x: _negative_bits(np.asarray(x, np.float64).view(np.int64)),
     max0=lambda x: x.max(axis=0),
     sum0=lambda x: np.add.reduce(x, 0),
     # Transforms (ufunc reductions: the `sum` and `prod` methods cost a microsecond more per call).
@@ -232,6 +239,7 @@ TF_OPS = types.SimpleNamespace(
     concat=lambda parts: tf.concat(parts, 0),
     outer_reshape=lambda x, like: tf.reshape(x, tf.concat([tf.shape(like), tf.shape(x)[1:]], 0)),
     running_sum0=_tf_running_sum0,
+    negative=lambda x: _negative_bits(tf.bitcast(tf.cast(x, tf.float64), tf.int64)),
     max0=lambda x: tf.reduce_max(x, 0),
     sum0=lambda x: tf.reduce_sum(x, 0),
     count1=lambda mask: tf.reduce_sum(tf.cast(mask, tf.int64), axis=1),

@@ -45,6 +45,10 @@ class Parts:
     pos: Any = None
     pos_counts: Any = None
     newest: Any = None
+    # A sample with nothing to draw: refused with this note after the message, or (`zeros_when_empty`, as
+    # TF-Agents' NumPy buffer does) answered with zeros.
+    empty_note: str = ""
+    zeros_when_empty: bool = False
 
     @property
     def capacity(self) -> int:

@@ -71,6 +71,17 @@ class BufferClosedError(tf.errors.OutOfRangeError):
         super().__init__(None, None, message)
 
 
+class EmptyBufferError(tf.errors.InvalidArgumentError, ValueError):
+    """A sample with nothing to draw yet (an empty buffer, or no window of the asked length).
+
+    Both a `ValueError` (a bad call, as every refusal of tfreplay) and TF's `tf.errors.InvalidArgumentError`,
+    what the same refusal raises inside a graph (and what TF-Agents raises): catch either.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(None, None, message)
+
+
 class RateLimitTimeoutError(tf.errors.DeadlineExceededError):
     """A call the limiter did not admit in time, or at once with timeout 0.
 

@@ -48,6 +48,12 @@ def request(
         raise ValueError(f"{where}: time_stacked (False) must be True with a transform, which maps whole windows.")
     window, padded = parts.windows(transform)
     n = (num_steps or 1) if transform is None else int(transform.num_steps)
+    if window is not None and not padded and n > 1 and not parts.sampler.episode_windows:
+        raise ValueError(
+            f"{where}: num_steps ({n}) must be None or 1 when windows stay inside episodes (frame buffers, "
+            f"within_episodes=True): {type(parts.sampler).__name__} cannot keep such a window's probability exact. "
+            "Draw single items, or windows that may run past an episode's end (padded windows, with a mask)."
+        )
     key = f"{sample_batch_size}/{num_steps}/{time_stacked}/{transform!r}"
     size = 1 if sample_batch_size is None else int(sample_batch_size)
     batched = sample_batch_size is not None
@@ -86,7 +92,11 @@ def _check_transform(parts: Parts, where: str, num_steps: Any, transform: Any) -
 
 
 def empty_message(parts: Parts, where: str, req: Request) -> str:
-    """Why nothing could be drawn, and what to do."""
+    """Why nothing could be drawn, and what to do (and the buffer's note: see `Parts.empty_note`)."""
+    return _empty_message(parts, where, req) + parts.empty_note
+
+
+def _empty_message(parts: Parts, where: str, req: Request) -> str:
     if req.transform is not None:
         return (
             f"{where}: the buffer holds no window {req.transform!r} can read yet "

@@ -37,9 +37,10 @@ def dataset(
     Ring windows: segment by segment (or `sample_batch_size` segments side
     by side), `num_steps` items shifted by `window_shift`. Through the
     episode index: every valid window whose end is a multiple of `num_steps`
-    into its episode, in `gather_all` order. An element is read under the
-    lock (`twin.call_tensors`), and if a writer has overwritten any of its
-    items since the pass began, reading it raises (`twin.check`) instead of
+    into its episode, in `gather_all` order. An element is read whole
+    (`twin.read_whole`: under the NumPy twin's lock; by the TF twin without
+    waiting, read again if a write tore it), and if a writer has overwritten
+    any of its items since the pass began, reading it raises instead of
     pairing new items with old ids.
     """
     single = sample_batch_size is None
@@ -55,7 +56,7 @@ def dataset(
         spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64))
         starts = tf.data.Dataset.range(1).flat_map(
             lambda _: tf.data.Dataset.from_tensor_slices(
-                twin.call_tensors(lambda: write.valid_starts(parts, n, True), [], spec)
+                twin.snapshot(parts, lambda: write.valid_starts(parts, n, True), spec, "as_dataset")
             )
         )
         batched = starts.batch(sample_batch_size or 1, drop_remainder=bool(sample_batch_size) and drop_remainder)
@@ -95,7 +96,9 @@ def _ring_pass(
         return tf.data.Dataset.range(segments).batch(sample_batch_size, drop).flat_map(group)
 
     num_adds = tf.data.Dataset.range(1).map(
-        lambda _: twin.call_tensors(lambda: parts.ops.read(parts.num_adds), [], tf.TensorSpec([segments], tf.int64))
+        lambda _: twin.snapshot(
+            parts, lambda: parts.ops.read(parts.num_adds), tf.TensorSpec([segments], tf.int64), "as_dataset"
+        )
     )
 
     def ids_of(s: tf.Tensor, local: tf.Tensor) -> tuple:
@@ -112,33 +115,36 @@ def _element(parts: Parts, twin: Any, segment: Any, t: Any, ids: Any, num_steps:
     """Reads one element of the deterministic pass by its ids, checking none was overwritten since."""
     storage, outer = parts.storage, ids.shape.as_list()
 
-    def read(ids: Any) -> Any:
+    def read(ids: Any) -> tuple:
+        """`(whether every item is still live, items, the rows read, num_adds as read)`."""
         ops, length, segments = parts.ops, parts.max_length, parts.num_segments
+        num_adds = ops.read(parts.num_adds)
         flat = ops.reshape(ids, [-1])
         seg, local = flat % segments, flat // segments
         if parts.window is None:
-            ok = _still_live(parts, seg, local, 1)
-            items = storage.read(ring.local_to_rows(local, seg, length, segments)[0], None, ops)
-            items = tf.nest.map_structure(lambda x: ops.outer_reshape(x, ids), items)
+            ok = _still_live(parts, num_adds, seg, local, 1)
+            rows = ring.local_to_rows(local, seg, length, segments)[0]
+            items = tf.nest.map_structure(lambda x: ops.outer_reshape(x, ids), storage.read(rows, None, ops))
         else:
             if num_steps is not None:  # one (segment, start) per window
                 seg, local = seg[::num_steps], local[::num_steps]
-            ok = _still_live(parts, seg, local, num_steps or 1)
+            ok = _still_live(parts, num_adds, seg, local, num_steps or 1)
             step_rows, _ = ring.window_rows(seg, local, num_steps, length, segments, ops)
-            items = storage.read(storage.plan(seg, local, step_rows, num_steps, parts.pos_at, ops), num_steps, ops)
+            rows = storage.plan(seg, local, step_rows, num_steps, parts.pos_at, ops)
+            items = storage.read(rows, num_steps, ops)
             if single:
                 items = tf.nest.map_structure(lambda x: x[0], items)
-        return twin.check(ok, items, _OVERWRITTEN)
+        return ok, items, rows, num_adds
 
     out_specs = tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), storage.item_spec)
-    items = twin.call_tensors(read, [ids], out_specs)
+    items = twin.read_whole(parts, read, [ids], out_specs, _OVERWRITTEN)
     return items, BufferInfo(ids=ids, probabilities=())
 
 
-def _still_live(parts: Parts, segment: Any, t: Any, n: int) -> Any:
+def _still_live(parts: Parts, num_adds: Any, segment: Any, t: Any, n: int) -> Any:
     """Whether windows at `t` show only items not overwritten since (the deterministic pass's check)."""
     ops = parts.ops
-    min_id, _ = ring.live_range(ops.gather(ops.read(parts.num_adds), segment), parts.max_length, ops)
+    min_id, _ = ring.live_range(ops.gather(num_adds, segment), parts.max_length, ops)
     window = parts.window or episodes.Shape()
     live = t - window.lead >= min_id
     if window.history:

@@ -17,9 +17,11 @@ import tensorflow as tf
 
 from tfreplay._src import compiled_windows, sample, specs, write
 from tfreplay._src.api import BufferInfo
+from tfreplay._src.checkpoint import state
 from tfreplay._src.checkpoint.numpy_state import NumpyState
 from tfreplay._src.ops import NUMPY_OPS
 from tfreplay._src.parts import Parts, Request
+from tfreplay._src.rate_limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
 from tfreplay._src.twin_tf import resolve_seed
 
@@ -114,8 +116,10 @@ class NumpyTwin:
 
     def checkpoint_state(self, buffer: Any, layout: dict, gate: Any, stored: Callable[[], Any]) -> None:
         """Attaches the state a `tf.train.Checkpoint` saves (under the name format 1 gave it)."""
-        arrays = lambda: dict(self.arrays)  # noqa: E731
-        buffer._numpy_state = NumpyState(self.lock, arrays, self.rng, layout=layout, gate=gate, stored=stored)
+        arrays, parts = (lambda: dict(self.arrays)), buffer._parts
+        buffer._numpy_state = NumpyState(
+            self.lock, arrays, self.rng, layout=layout, gate=gate, stored=stored, check=lambda v: state.check(parts, v)
+        )
 
     def variables(self) -> tuple:
         return ()
@@ -138,16 +142,21 @@ class NumpyTwin:
     def get_next(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:
         """Draws and reads under the lock (planned in compiled code where it can be), then packages outside it."""
         view = self._views.get((req.window, req.padded))
+        generator = self.rng.bit_generator
         with self.lock:
             if view is None:  # views hold the live arrays (nothing moves under the lock): one per kind of window
                 view = self._views[req.window, req.padded] = parts.view(
                     req.window, req.padded, self.draw, self.uniform, lambda a: a
                 )
+            before = generator.state
             planned = self._compiled(parts, req, view) if req.window is not None or req.padded else None
             read_plan, ids, probs, count = sample.plan(parts, view, req) if planned is None else planned
+            if count <= 0:  # refused: the draw is undone, so the same seed gives the same samples
+                generator.state = before
+                if parts.zeros_when_empty:
+                    return _zeros(parts, req)
+                raise EmptyBufferError(sample.empty_message(parts, "get_next", req))
             items = sample.read(parts, read_plan, req)
-        if count <= 0:
-            raise ValueError(sample.empty_message(parts, "get_next", req))
         return sample.package(items, ids, probs, req, NUMPY_OPS)
 
     def _compiled(self, parts: Parts, req: Request, view: Any) -> tuple | None:
@@ -197,25 +206,35 @@ class NumpyTwin:
             tensor.set_shape(spec.shape)
         return tf.nest.pack_sequence_as(out_specs, out)
 
-    def call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
-        """`fn(*inputs)` under the lock, as tensors shaped like `out_specs` (usable in a dataset map)."""
-        return self.numpy_call(lambda *args: self.exclusive(lambda: fn(*args)), inputs, out_specs)
+    def snapshot(self, parts: Parts, fn: Callable[[], Any], out_specs: Nest, where: str) -> Nest:
+        """`fn()` under the lock, as tensors shaped like `out_specs` (usable in a dataset map)."""
+        return self.numpy_call(lambda: self.exclusive(fn), [], out_specs)
+
+    def read_whole(self, parts: Parts, fn: Callable, inputs: list, out_specs: Nest, message: str) -> Nest:
+        """The items of `fn(*inputs) -> (ok, items, rows, num_adds)` under the lock, once `ok` is checked."""
+
+        def read(*args: Any) -> Any:
+            with self.lock:
+                ok, items, _, _ = fn(*args)
+            return self.check(ok, items, message)
+
+        return self.numpy_call(read, inputs, out_specs)
 
     def update_priorities(self, parts: Parts, ids: Any, priorities: Any) -> int:
-        ids = np.asarray(ids.numpy() if isinstance(ids, tf.Tensor) else ids, np.int64)
-        values = np.asarray(priorities.numpy() if isinstance(priorities, tf.Tensor) else priorities, np.float64)
+        ids, values = _priority_arrays(ids, priorities)
         key = (parts.window, False)
         view = self._views.get(key)
         if view is None:
             view = self._views[key] = parts.view(parts.window, False, self.draw, self.uniform, lambda a: a)
+        limit = parts.sampler.priority_limit
         checked = parts.sampler.checks_priorities(view)  # the compiled update refuses bad values itself
-        write.check_priorities(ids.shape, values.shape, None if checked else values)
+        write.check_priorities(ids.shape, values.shape, None if checked else values, limit)
         if ids.ndim != 1:
             ids, values = ids.reshape(-1), values.reshape(-1)
         with self.lock:
             stale = int(write.update_priorities(parts, view, ids, values))
-        if stale < 0:  # the compiled update found a bad priority and wrote nothing
-            write.check_priorities(ids.shape, values.shape, values)  # raises, naming the bad values
+        if stale < 0:  # the update found a bad priority and wrote nothing
+            write.check_priorities(ids.shape, values.shape, values, limit)  # raises, naming the bad values
         return stale
 
     def num_frames(self, parts: Parts) -> int:
@@ -226,3 +245,34 @@ class NumpyTwin:
 
     def clear(self, parts: Parts) -> None:
         self.exclusive(lambda: write.clear(parts))
+
+
+def _priority_arrays(ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`update_priorities`' arguments as int64 ids and float64 priorities; `TypeError` for graph tensors,
+    non-integer ids and non-numeric priorities, `ValueError` for ids past int64."""
+    arrays = []
+    for name, value in (("ids", ids), ("priorities", priorities)):
+        if isinstance(value, (tf.Tensor, tf.Variable)):
+            if not tf.executing_eagerly():
+                raise TypeError(
+                    f"update_priorities: {name} is a graph tensor; a NumPy buffer stores values, so call it eagerly "
+                    "(inside tf.function, use TFPrioritizedReplayBuffer)."
+                )
+            value = value.numpy()
+        arrays.append(np.asarray(value))
+    ids, values = arrays
+    if ids.dtype == object or values.dtype == object:  # Python ints past 64 bits, or mixed values
+        raise TypeError("update_priorities: ids and priorities must be numeric arrays (ids within int64).")
+    write.priority_dtypes(ids.dtype, values.dtype)
+    if ids.dtype == np.uint64 and ids.size and ids.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"update_priorities: ids ({int(ids.max())} among them) must be within int64.")
+    return ids.astype(np.int64, copy=False), values.astype(np.float64, copy=False)
+
+
+def _zeros(parts: Parts, req: Request) -> tuple[Nest, BufferInfo]:
+    """A sample of zeros shaped as `req` asks (ids 0, probabilities 0): what TF-Agents' NumPy buffer returns when
+    it is empty (`Parts.zeros_when_empty`)."""
+    items_spec, ids_spec, probs_spec = sample.out_specs(parts, req)
+    items = tf.nest.map_structure(lambda s: np.zeros(s.shape, s.dtype.as_numpy_dtype), items_spec)
+    info = BufferInfo(ids=np.zeros(ids_spec.shape, np.int64), probabilities=np.zeros(probs_spec.shape, np.float32))
+    return sample.split_steps(items, info, req, NUMPY_OPS)

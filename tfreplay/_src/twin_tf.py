@@ -18,9 +18,11 @@ import tensorflow as tf
 
 from tfreplay._src import sample, specs, versioned, write
 from tfreplay._src.api import BufferInfo
+from tfreplay._src.checkpoint import staged, state
 from tfreplay._src.checkpoint.layout import LayoutState
 from tfreplay._src.ops import TF_OPS, under_xla
 from tfreplay._src.parts import Parts, Request
+from tfreplay._src.rate_limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
 
 
@@ -146,15 +148,13 @@ class TFTwin:
         self.scope, self.device, self.seed = scope, device, resolve_seed(seed)
         self.state: dict[str, tf.Variable] = {}
         with tf.device(device), tf.name_scope(scope):
-            self.rng = (
-                tf.random.Generator.from_non_deterministic_state()
-                if self.seed is None
-                else tf.random.Generator.from_seed(self.seed)
-            )
+            generator = staged.StagedGenerator  # its state restores with the buffer's, checked first
+            self.rng = generator.from_non_deterministic_state() if self.seed is None else generator.from_seed(self.seed)
         # Its own mutex: eagerly created sections otherwise share one, and every buffer would wait for all others.
         self.lock = tf.CriticalSection(name="lock", shared_name=f"tfreplay_lock_{uuid.uuid4().hex}")
         self.eager = EagerFunctions()
         self.counters: versioned.Counters | None = None
+        self.staging = staged.Staging(check=lambda values: None)  # the buffer's check, once its parts exist
 
     def module_name(self, name: str | None) -> str:
         """A `tf.Module` name (an identifier) from the scope, which may be any string."""
@@ -165,7 +165,7 @@ class TFTwin:
     def make(self, name: str, shape: list, dtype: tf.DType) -> tf.Variable:
         """A zero-filled variable, part of the checkpoint."""
         with tf.device(self.device), tf.name_scope(self.scope):
-            variable = tf.Variable(tf.zeros(shape, dtype), trainable=False, name=variable_name(name))
+            variable = staged.make(self.staging, tf.zeros(shape, dtype), variable_name(name))
         self.state[name] = variable
         return variable
 
@@ -230,7 +230,13 @@ class TFTwin:
         buffer._num_adds = parts.num_adds
         if parts.rule is not None:
             buffer._pos, buffer._pos_counts, buffer._newest = parts.pos, parts.pos_counts, parts.newest
-        buffer._layout_record = LayoutState(layout, gate, stored)
+        self.staging = staged.Staging(check=lambda values: state.check(parts, values))
+        checked = {**self.state, "random generator state": self.rng.state}
+        for variable in checked.values():
+            variable._staging = self.staging
+        record = LayoutState(layout, gate, stored, commit=lambda: self.staging.commit(checked))
+        record.staging = self.staging
+        buffer._layout_record = record
 
     def variables(self) -> tuple:
         """The generator's state and the write counters (what a v1 graph initializes besides the state)."""
@@ -259,31 +265,42 @@ class TFTwin:
             return gate.settle_op(where, "insert", n, True, self._write(parts, leaves))
 
     def _unchecked(self, parts: Parts, req: Request) -> tuple:
-        """`(items, BufferInfo, count of windows)`, time-stacked; the caller refuses `count == 0`."""
+        """`(items, BufferInfo, count of windows, the generator's state before the draw)`, time-stacked; the
+        caller refuses `count == 0` and puts that state back (a refused sample draws nothing)."""
         with tf.device(self.device), tf.name_scope(self.scope):
-            items, ids, probs, count = versioned.read(parts, self, req)
+            before = self.rng.state.read_value()
+            with tf.control_dependencies([before]):
+                items, ids, probs, count = versioned.read(parts, self, req)
         items, info = sample.package(items, ids, probs, req, TF_OPS, split=False)
-        return items, info, count
+        return items, info, count, before
 
     def get_next(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:
         if not tf.executing_eagerly():
             items, info = self.sample_tensors(parts, gate, req)
         else:
             # Eagerly the emptiness check is a Python test of the count: a graph assertion costs more than it.
-            items, info, count = self.eager.get(f"sample/{req.key}", lambda: self._unchecked(parts, req))()
+            items, info, count, before = self.eager.get(f"sample/{req.key}", lambda: self._unchecked(parts, req))()
             if count.numpy() <= 0:
-                raise ValueError(sample.empty_message(parts, "get_next", req))
+                self.rng.state.assign(before)
+                raise EmptyBufferError(sample.empty_message(parts, "get_next", req))
         return sample.split_steps(items, info, req, TF_OPS)
 
     def sample_tensors(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:
         """One time-stacked sample as graph tensors (a `get_next` in a graph, or a dataset element); with a
         gate, an empty draw gives its admission back."""
-        items, info, count = self._unchecked(parts, req)
+        items, info, count, before = self._unchecked(parts, req)
         count = gate.settle_op("get_next", "sample", req.size, count > 0, count)  # refund if empty
-        if isinstance(count, int) and count > 0:
-            return items, info
+        if under_xla():  # nothing refused: an empty sample carries probability 0
+            return self.check(count > 0, (items, info), "")
         with tf.name_scope(self.scope):
-            return self.check(count > 0, (items, info), sample.empty_message(parts, "get_next", req))
+            rewound = TF_OPS.rare(count > 0, lambda: tf.constant(True), lambda: self._rewind(before))
+            with tf.control_dependencies([rewound]):
+                return self.check(count > 0, (items, info), sample.empty_message(parts, "get_next", req))
+
+    def _rewind(self, state: tf.Tensor) -> tf.Tensor:
+        """Puts the generator's state back (a refused sample draws nothing): same seed, same samples."""
+        with tf.control_dependencies([self.rng.state.assign(state)]):
+            return tf.constant(False)
 
     def sample_dataset(self, parts: Parts, gate: Any, req: Request, counter: tf.data.Dataset, parallel: Any) -> Any:
         """Fresh samples, one drawn per element when the pipeline asks for it (so one read after an add sees
@@ -293,15 +310,22 @@ class TFTwin:
             lambda _: self.sample_tensors(parts, gate, req), num_parallel_calls=parallel, deterministic=deterministic
         )
 
-    def call_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
-        """`fn(*inputs)` on tensors, under the lock."""
-        return self.exclusive(lambda: fn(*inputs))
+    def snapshot(self, parts: Parts, fn: Callable[[], Any], out_specs: Nest, where: str) -> Nest:
+        """`fn()` (reads of the state) from a call no write overlapped: read again, never waiting on the lock."""
+        return versioned.snapshot(parts, self, fn, where)
+
+    def read_whole(self, parts: Parts, fn: Callable, inputs: list, out_specs: Nest, message: str) -> Nest:
+        """The items of `fn(*inputs) -> (ok, items, rows, num_adds)` no write tore (read again, never waiting on
+        the lock), once `ok` is checked."""
+        return versioned.read_whole(parts, self, fn, inputs, message)
 
     def update_priorities(self, parts: Parts, ids: Any, priorities: Any) -> Any:
-        ids = tf.convert_to_tensor(ids, tf.int64)
-        priorities = tf.convert_to_tensor(priorities, tf.float64)
+        ids, priorities = tf.convert_to_tensor(ids), tf.convert_to_tensor(priorities)
+        write.priority_dtypes(ids.dtype, priorities.dtype)
+        ids, priorities = tf.cast(ids, tf.int64), tf.cast(priorities, tf.float64)
+        limit = parts.sampler.priority_limit
         if tf.executing_eagerly():
-            write.check_priorities(ids.shape, priorities.shape, priorities.numpy())
+            write.check_priorities(ids.shape, priorities.shape, priorities.numpy(), limit)
             shape = [None] * ids.shape.rank  # one trace for any number of ids
             signature = (tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape, tf.float64))
             return self.eager.get(f"update/{len(shape)}", lambda i, p: self._update(parts, i, p), *signature)(
@@ -309,10 +333,10 @@ class TFTwin:
             )
         write.check_priorities(ids.shape, priorities.shape, None)
         view = parts.view(parts.window, False, self.draw, self.uniform, lambda v: v)
+        stale = self._update(parts, ids, priorities)
         if parts.sampler.checks_priorities(view):  # the compiled update raises on a bad priority itself
-            return self._update(parts, ids, priorities)
-        ok = tf.reduce_all(tf.math.is_finite(priorities) & (priorities >= 0))
-        return self.check(ok, self._update(parts, ids, priorities), write.PRIORITIES_RULE)
+            return stale
+        return self.check(stale >= 0, stale, write.PRIORITIES_RULE)  # -1: a bad priority, nothing written
 
     def _update(self, parts: Parts, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
         with tf.device(self.device), tf.name_scope(self.scope):

@@ -1,22 +1,32 @@
-"""The TF twin's versioned read: samples read without the buffer's lock, drawn again under it if torn.
+"""The TF twin's versioned read: samples never wait on the buffer's lock; a read a write may have torn is
+drawn again.
 
 Writers count the items they start and finish per segment (`Counters`,
-around every write and clear). A sample reads the finished count before its
-draw and the started count after its gather. A small sample is whole when
-no write started meanwhile (the counts are equal): then its draw needs no
-lock either. A large one (`UNLOCKED_READ_BYTES`) copies long enough for
-writes to land beside it, so it allows them where they cannot touch its
+around every write and clear, which hold the lock among themselves). A
+sample reads the finished count before its draw and the started count after
+its gather. A small sample is whole when no write started meanwhile (the
+counts are equal). A large one (`UNLOCKED_READ_BYTES`) copies long enough
+for writes to land beside it, so it allows them where they cannot touch its
 rows: started minus finished covers every item written meanwhile, or still
 being written when the draw read the ring, and they land at the ring
-positions just after the draw's `num_adds` (`slack`). Only a sample that may
-be torn is drawn again, under the lock. (A clear counts as `max_length`
-items: every row.) While writers run, samplers still copy large samples in
-parallel; a large sample's draw then takes the lock, except plain uniform
-ring windows, which read nothing but one atomic `num_adds`.
+positions just after the draw's `num_adds` (`slack`). A sample that may be
+torn is drawn again, unlocked, with the slack rule whatever its size, until
+one is whole (at most `MAX_ATTEMPTS`; a buffer whose writers overwrite every
+draw's rows that often raises instead of waiting). (A clear counts as
+`max_length` items: every row.)
 
-Draws through the episode index are compiled with XLA (a function traced
-once per kind of sample); XLA has no mutex, so under `jit_compile` the
-caller must not race and this module is bypassed.
+Why never the lock: TensorFlow's `MutexLock` marks its mutex free when a
+waiter is cancelled while another holds it, and a dataset iterator that is
+dropped cancels the map calls it has in flight. A sample waiting for the
+lock there would let a second writer in beside the first.
+
+A draw reads the ring's counters, and through the episode index its counts
+and the `pos` of the rows it reads, while writes may go on: items are never
+torn (their rows are checked), and a window's rows are valid when read; the
+count behind a probability is the buffer's at some moment of the draw.
+Draws through the index are compiled with XLA (one function per kind of
+sample); XLA has no mutex and no concurrency, so under `jit_compile` the
+caller must not race and this module reads once.
 """
 
 from __future__ import annotations
@@ -33,6 +43,12 @@ from tfreplay._src.storage import spec_nbytes
 # Samples of at least this many bytes allow writes beside their rows while they copy: there the copy costs more
 # than the per-row overwrite check.
 UNLOCKED_READ_BYTES = 1 << 18
+# Draws of one sample before it gives up: only writers that overwrite a sample's rows at every draw reach it.
+MAX_ATTEMPTS = 1000
+TORN = (
+    "{where}: every one of {attempts} draws had rows overwritten by writers while it read them; sample from a "
+    "larger buffer, or pause writers while sampling."
+)
 
 
 class Untracked:
@@ -67,6 +83,17 @@ class Counters:
         with tf.control_dependencies([finished]):
             return tf.nest.map_structure(tf.identity, out)
 
+    def whole(self, parts: Parts, read: Callable[[], tuple], strict: bool) -> tuple:
+        """`(whole, outputs)` of `read() -> (outputs, rows, num_adds)`: whole when no write started while it ran
+        (`strict`), or none overwrote the `rows` it read (rows of `parts`' storage; `num_adds` as it read them)."""
+        finished = self.finished.value.read_value()
+        with tf.control_dependencies([finished]):
+            outputs, rows, num_adds = read()
+        limit = finished if strict else finished + slack(parts, rows, num_adds)
+        with tf.control_dependencies(tf.nest.flatten(outputs)):
+            started = self.started.value.read_value()
+        return tf.reduce_all(started <= limit), outputs
+
 
 def read(parts: Parts, twin: Any, req: Request) -> tuple:
     """`(items, ids, probabilities, count)` of `req` (see the module docstring); `twin` is the `TFTwin`."""
@@ -75,39 +102,68 @@ def read(parts: Parts, twin: Any, req: Request) -> tuple:
         read_plan, ids, probs, count = samples.plan(parts, view, req)
         return samples.read(parts, read_plan, req), ids, probs, count
     large = req.size * req.n * spec_nbytes(parts.storage.item_spec) >= UNLOCKED_READ_BYTES
-    counters = twin.counters
-    finished = counters.finished.value.read_value()
-    with tf.control_dependencies([finished]):
-        read_plan, ids, probs, count, num_adds = _draw(parts, twin, req, locked=large)
-    if large:  # computed while the rows are gathered
-        limit = finished + slack(parts, read_plan if req.transform is None else read_plan[0], num_adds)
-    items = samples.read(parts, read_plan, req)
-    with tf.control_dependencies(tf.nest.flatten(items)):
-        started = counters.started.value.read_value()
-    return _unless_torn(
-        tf.reduce_all(started <= (limit if large else finished)),
-        lambda: (items, ids, probs, count),
-        lambda: _locked(parts, twin, req),
-    )
+    attempt = lambda: _draw_and_read(parts, twin, req)  # noqa: E731
+    whole, first = twin.counters.whole(parts, attempt, strict=not large)
+    return unless_torn(whole, lambda: first, lambda: retried(parts, twin, attempt, first, "get_next"))
 
 
-def _draw(parts: Parts, twin: Any, req: Request, locked: bool) -> tuple:
-    """`(read plan, ids, probabilities, count, num_adds)`: the draw and the ring state it saw.
-
-    Plain uniform ring windows read nothing but `num_adds` (one atomic read,
-    published by writers after their rows) and the generator: no lock. Other
-    draws read several variables, so a draw that writes may overlap (`locked`)
-    takes the lock; through the episode index the draw is compiled with XLA.
-    """
+def _draw_and_read(parts: Parts, twin: Any, req: Request) -> tuple:
+    """`((items, ids, probabilities, count), rows read, num_adds the draw saw)`; through the episode index the
+    draw is one XLA-compiled function (its array ops would be a hundred small ones)."""
 
     def draw() -> tuple:
         view = twin.view(parts, req)
         return (*samples.plan(parts, view, req), view.num_adds)
 
-    locked = locked and (req.window is not None or not parts.sampler.draws_uniformly)
     if req.window is not None:
         draw = twin.eager.get(f"plan/{req.key}", draw, jit_compile=True)
-    return twin.locked_call(draw) if locked else draw()
+    read_plan, ids, probs, count, num_adds = draw()
+    items = samples.read(parts, read_plan, req)
+    return (items, ids, probs, count), read_plan if req.transform is None else read_plan[0], num_adds
+
+
+def retried(parts: Parts, twin: Any, read: Callable[[], tuple], like: Any, where: str, strict: bool = False) -> Any:
+    """`read()`'s outputs from the first of up to `MAX_ATTEMPTS` calls that no write tore (the slack rule, or
+    with `strict` no write at all); `like`: outputs of the same structure and shapes. Refused (`twin.check`)
+    if every attempt was torn."""
+
+    def attempt(i: tf.Tensor, whole: tf.Tensor, outputs: Any) -> tuple:
+        again, outputs = twin.counters.whole(parts, read, strict=strict)
+        return i + 1, again, outputs
+
+    _, whole, outputs = tf.while_loop(
+        lambda i, whole, outputs: ~whole,
+        attempt,
+        (tf.constant(0), tf.constant(False), like),
+        maximum_iterations=MAX_ATTEMPTS,
+    )
+    return twin.check(whole, outputs, TORN.format(where=where, attempts=MAX_ATTEMPTS))
+
+
+def snapshot(parts: Parts, twin: Any, fn: Callable[[], Any], where: str) -> Any:
+    """`fn()`'s outputs (reads of the buffer's state) from a call no write overlapped, drawn again while one
+    did (the deterministic pass reads which windows exist this way)."""
+    if under_xla():
+        return fn()
+    read = lambda: (fn(), (), None)  # noqa: E731
+    whole, first = twin.counters.whole(parts, read, strict=True)
+    return unless_torn(whole, lambda: first, lambda: retried(parts, twin, read, first, where, strict=True))
+
+
+def read_whole(parts: Parts, twin: Any, fn: Callable[..., tuple], inputs: list, message: str) -> Any:
+    """The items of `fn(*inputs) -> (ok, items, rows read, num_adds as read)` from a call no write tore (read
+    again if one did), once `ok` is checked (`message` if not)."""
+    if under_xla():
+        ok, items, _, _ = fn(*inputs)
+        return twin.check(ok, items, message)
+
+    def read() -> tuple:
+        ok, items, rows, num_adds = fn(*inputs)
+        return (ok, items), rows, num_adds
+
+    whole, first = twin.counters.whole(parts, read, strict=False)
+    ok, items = unless_torn(whole, lambda: first, lambda: retried(parts, twin, read, first, "as_dataset"))
+    return twin.check(ok, items, message)
 
 
 def slack(parts: Parts, read_plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
@@ -122,27 +178,7 @@ def slack(parts: Parts, read_plan: Any, num_adds: tf.Tensor) -> tf.Tensor:
     return tf.minimum(tf.math.unsorted_segment_min(ahead, segment, n), length)
 
 
-def _locked(parts: Parts, twin: Any, req: Request) -> tuple:
-    """The draw and the read under the lock (ring windows), or an XLA-compiled draw and the read."""
-    if req.window is None:
-
-        def ring() -> tuple:
-            read_plan, ids, probs, count = samples.plan(parts, twin.view(parts, req), req)
-            return samples.read(parts, read_plan, req), ids, probs, count
-
-        return twin.locked_call(ring)
-    plan = twin.eager.get(
-        f"plan/{req.key}/locked", lambda: samples.plan(parts, twin.view(parts, req), req), jit_compile=True
-    )
-
-    def call() -> tuple:
-        read_plan, ids, probs, count = plan()
-        return samples.read(parts, read_plan, req), ids, probs, count
-
-    return twin.locked_call(call)
-
-
-def _unless_torn(whole: tf.Tensor, kept: Callable[[], Any], redrawn: Callable[[], Any]) -> Any:
+def unless_torn(whole: tf.Tensor, kept: Callable[[], Any], redrawn: Callable[[], Any]) -> Any:
     """`tf.cond(whole, kept, redrawn)` with the redraw one function call that is never inlined.
 
     A graph's cond is lowered into switches, and each op of its untaken
@@ -150,7 +186,7 @@ def _unless_torn(whole: tf.Tensor, kept: Callable[[], Any], redrawn: Callable[[]
     costs one. Measured per in-graph CartPole sample (TF 2.15): 46-48 µs
     with windows of 2 and 30-31 µs with single items, against 50-52 / 33-35
     inlined, 46-53 / 35-38 as a functional `If` (which runs its taken branch
-    as a function call), and 47 / 42-44 under the lock.
+    as a function call).
     """
     call = tf.function(redrawn, autograph=False, experimental_attributes={"_noinline": True})
     return tf.cond(whole, kept, lambda: call())

@@ -13,26 +13,46 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from tfreplay._src import episodes, ring
+from tfreplay._src.ops import NUMPY_OPS
 from tfreplay._src.parts import Parts
 
-PRIORITIES_RULE = "update_priorities: every priority must be finite and non-negative; nothing was updated."
+PRIORITIES_RULE = (
+    "update_priorities: every priority must be finite and non-negative, and small enough that priority ** alpha "
+    "summed over every row stays finite; nothing was updated."
+)
 
 
-def check_priorities(ids_shape: Any, priorities_shape: Any, values: Any) -> None:
-    """Refuses priorities of another shape than their ids, or (when known) negative, NaN or infinite ones."""
+def priority_dtypes(ids_dtype: Any, priorities_dtype: Any) -> None:
+    """Ids must be integers and priorities real numbers; `TypeError` naming the dtype otherwise."""
+    ids_dtype, priorities_dtype = tf.as_dtype(ids_dtype), tf.as_dtype(priorities_dtype)
+    if not ids_dtype.is_integer:
+        raise TypeError(
+            f"update_priorities: ids ({ids_dtype.name}) must be integers: the BufferInfo.ids of a sample "
+            "(a float id would name another item once truncated)."
+        )
+    if not (priorities_dtype.is_floating or priorities_dtype.is_integer):
+        raise TypeError(f"update_priorities: priorities ({priorities_dtype.name}) must be real numbers (any float).")
+
+
+def check_priorities(ids_shape: Any, priorities_shape: Any, values: Any, limit: float = np.inf) -> None:
+    """Refuses priorities of another shape than their ids, or (when known) negative, NaN or infinite ones, or
+    ones above `limit` (the largest whose `priority ** alpha` keeps the sum tree's sums finite)."""
     if tuple(ids_shape) != tuple(priorities_shape):
         raise ValueError(
             f"update_priorities: priorities (shape {tuple(priorities_shape)}) must have the shape of ids "
             f"({tuple(ids_shape)}), one priority per id."
         )
     if values is not None:
-        bad = ~(np.isfinite(values) & (values >= 0))
+        values = np.asarray(values, np.float64)
+        bad = ~np.isfinite(values) | NUMPY_OPS.negative(values) | (values > limit)
         if bad.any():
+            bound = f" and at most {limit:.4g} (larger ones overflow the sum of priority ** alpha)" * (limit < np.inf)
             raise ValueError(
                 f"update_priorities: priorities ({values[bad][:3].tolist()} among them) must be finite and "
-                "non-negative; nothing was updated."
+                f"non-negative{bound}; nothing was updated."
             )
 
 

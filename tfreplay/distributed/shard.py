@@ -102,12 +102,15 @@ class Shard:
         if not (restarted or resume):
             shutil.rmtree(self._dir, ignore_errors=True)
         os.makedirs(self._dir, exist_ok=True)
-        saved_epoch = _read_json(os.path.join(self._dir, "epoch.json"))
-        self._epoch = 0 if saved_epoch is None else saved_epoch["epoch"] + 1
-        _write_json(os.path.join(self._dir, "epoch.json"), {"epoch": self._epoch})
+        saved_epoch = _read_json(os.path.join(self._dir, "epoch.json")) or {}
+        self._epoch = saved_epoch.get("epoch", -1) + 1
+        # Every loss known before the last restart (a restart's claims may come after the last checkpoint).
+        self._lost_known = int(saved_epoch.get("lost", 0))
+        _write_json(os.path.join(self._dir, "epoch.json"), {"epoch": self._epoch, "lost": self._lost_known})
         self._accepted = self._since_clear = self._lost_before = self._saves = 0
         self._restored_at: float | None = None
         self._restore()
+        self._lost_before = max(self._lost_before, self._lost_known)
         self._restored = self._accepted
         self._claimed = self._accepted
         self._saved_accepted, self._saved_clears, self._clears = self._accepted, 0, 0
@@ -252,9 +255,13 @@ class Shard:
         return 0 if meta is None else int(meta["number"])
 
     def _note_claim(self, claim: tuple) -> None:
+        """A client's count of acknowledged items from the epoch before; a new loss is made durable at once, so a
+        second restart before the next checkpoint still counts it."""
         epoch, accepted = claim
-        if epoch == self._epoch - 1:
-            self._claimed = max(self._claimed, int(accepted))
+        if epoch == self._epoch - 1 and int(accepted) > self._claimed:
+            self._claimed = int(accepted)
+            self._lost_known = self.lost()
+            _write_json(os.path.join(self._dir, "epoch.json"), {"epoch": self._epoch, "lost": self._lost_known})
 
     def _restore(self) -> None:
         meta = _read_json(os.path.join(self._dir, "latest.json"))

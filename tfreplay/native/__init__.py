@@ -198,7 +198,7 @@ def disabled(*names: str) -> Iterator[None]:
     unknown = sorted(set(names) - set(NAMES))
     if unknown:
         raise ValueError(f"disabled: kernel names ({unknown}) must be among {list(NAMES)}.")
-    before = getattr(_off, "names", frozenset())
+    before: frozenset = getattr(_off, "names", frozenset())
     _off.names = before | frozenset(names or NAMES)
     try:
         yield

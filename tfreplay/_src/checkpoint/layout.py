@@ -177,9 +177,12 @@ class LayoutState(_Record, tf.train.experimental.PythonState):
       stored: returns how many items the buffer stores (read after a restore).
     """
 
-    def __init__(self, layout: dict, gate: Any = None, stored: Callable[[], Any] | None = None):
-        self._layout, self._gate, self._stored = layout, gate, stored
+    def __init__(
+        self, layout: dict, gate: Any = None, stored: Callable[[], Any] | None = None, commit: Callable = lambda: None
+    ):
+        self._layout, self._gate, self._stored, self._commit = layout, gate, stored, commit
         self._staged: list = []  # the checked counts of a restore, until its variables are in place
+        self.staging: Any = None  # the buffer's `staged.Staging`: its variables' restored tensors, held
         self._after_restore = AfterRestore(self._apply)
 
     def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> dict:
@@ -213,8 +216,11 @@ class LayoutState(_Record, tf.train.experimental.PythonState):
         self._staged[:] = [counts]
         if "rate_limiter" not in record:  # written before the counts, so without `after_restore` either
             self._gate.restored(None, self._stored, later=True)
+        elif self.staging is not None and tf.executing_eagerly():  # the hook runs: check everything first
+            self.staging.begin()
 
     def _apply(self) -> None:
+        self._commit()  # the variables, checked, then assigned together (raises and assigns none if refused)
         if self._staged:
             self._gate.restored(self._staged.pop(), self._stored)
 

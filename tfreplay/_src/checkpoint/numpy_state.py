@@ -43,6 +43,7 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
       restore_scalars: puts restored counters back (optional).
       gate: the buffer's `Gate`, whose limiter counts are saved and restored (optional).
       stored: returns how many items the buffer stores (read after the copy).
+      check: raises `ValueError` for restored arrays (name -> array) no buffer could hold, before any is copied.
     """
 
     def __init__(
@@ -56,11 +57,18 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
         restore_scalars: Callable[[dict[str, int]], None] | None = None,
         gate: Any = None,
         stored: Callable[[], int] | None = None,
+        check: Callable[[dict], None] = lambda values: None,
     ):
-        self._lock, self._arrays, self._rng, self._layout = lock, arrays, rng, layout
+        self._lock, self._arrays, self._rng, self._layout, self._check = lock, arrays, rng, layout, check
         self._scalars = scalars or dict
         self._restore_scalars = restore_scalars or (lambda _: None)
         self._gate, self._stored = gate, stored
+
+    def _serialize_to_tensors(self) -> dict:
+        """Nothing through TF's tensor path (the registered saver below writes this state). Defined so that
+        `assert_existing_objects_matched` counts this state as something to restore: a checkpoint that holds
+        none of it then fails that assertion, as a TF buffer's does."""
+        return {}
 
     def _write(self, prefix: tf.Tensor, name: str) -> None:
         """Writes one shard at `prefix`, holding the lock until the arrays are on disk."""
@@ -110,9 +118,11 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
             shape_and_slices=[""] * len(arrays),
             dtypes=[tf.as_dtype(a.dtype) for a in arrays.values()],
         )
+        values = {k: np.asarray(src) for k, src in zip(arrays, restored)}  # views of the restored tensors
+        self._check(values)
         with self._lock:
-            for dst, src in zip(arrays.values(), restored):
-                dst[...] = np.asarray(src)  # a view of the restored tensor: one copy, into place
+            for dst, src in zip(arrays.values(), values.values()):
+                dst[...] = src  # one copy, into place
             self._rng.bit_generator.state = rng_state
             self._restore_scalars(scalars)
             if self._gate is not None and self._stored is not None:

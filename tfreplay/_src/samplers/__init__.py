@@ -15,11 +15,24 @@ sampler is one class (one file here) that overrides `sample` and `mass`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Protocol
+
+import numpy as np
 
 from tfreplay._src.episodes import Shape
 
 Make = Callable[[str, list, Any], Any]
+
+
+def refuse(entry: str, value: Any, rule: str) -> ValueError:
+    """The error for a checkpoint's saved state `entry` whose `value` breaks `rule` (nothing is restored)."""
+    shown = np.asarray(value).reshape(-1)
+    more = " ..." if shown.size > 4 else ""
+    return ValueError(
+        f"checkpoint restore: the checkpoint's {entry} ({shown[:4].tolist()}{more}) must be {rule}; "
+        "it was altered or written by another library. Nothing was restored."
+    )
 
 
 @dataclasses.dataclass
@@ -57,6 +70,7 @@ class BoundSampler(Protocol):
     padded_windows: bool
     draws_uniformly: bool
     checkpoint_record: dict
+    priority_limit: float
 
     def on_write(self, ops: Any, rows: Any, startable: Any) -> list: ...
 
@@ -71,6 +85,8 @@ class BoundSampler(Protocol):
     def checks_priorities(self, view: View) -> bool: ...
 
     def clear(self, ops: Any) -> list: ...
+
+    def check_state(self, values: dict, live: Any, startable: Any) -> None: ...
 
 
 class Sampler(Protocol):
@@ -96,6 +112,8 @@ class SamplerBase:
         dataset may draw several elements at once. Leave False unless true.
       checkpoint_record: entries of the buffer's checkpoint layout record
         that describe the sampler's state (a checkpoint must match them).
+      priority_limit: the largest priority `update` accepts (larger ones
+        would overflow its sums; inf without priorities).
     """
 
     within_episodes = False
@@ -103,6 +121,7 @@ class SamplerBase:
     padded_windows = False
     draws_uniformly = False
     checkpoint_record: dict = {}
+    priority_limit = math.inf
 
     def bind(self, make: Make, num_rows: int) -> Any:
         """The bound sampler; a stateless one is its own."""
@@ -123,7 +142,8 @@ class SamplerBase:
         raise NotImplementedError
 
     def update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any]:
-        """New priorities of items, under the buffer's lock: `(update ops, how many ids were stale)`."""
+        """New priorities of items, under the buffer's lock: `(update ops, how many ids were stale)`; a stale count
+        of -1 says a priority was refused (negative, NaN, infinite, above `priority_limit`) and nothing changed."""
         return [], 0
 
     def unlocked_update(self, view: View, ids: Any, priorities: Any) -> tuple[list, Any] | None:
@@ -137,3 +157,8 @@ class SamplerBase:
     def clear(self, ops: Any) -> list:
         """Update ops that forget every item's state."""
         return []
+
+    def check_state(self, values: dict, live: Any, startable: Any) -> None:
+        """Before a restore: raises `ValueError` if the saved state of this sampler (`values`, by the names it
+        made its arrays with) is not one it could have reached; `live` (per storage row) marks rows holding a
+        stored item, `startable` rows that can ever start a window (None: all)."""

@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import episodes, ring
-from tfreplay._src.samplers import Make, SamplerBase, View
+from tfreplay._src.samplers import Make, SamplerBase, View, refuse
 from tfreplay._src.samplers.sum_tree import LAYOUT, SumTree
 
 # Rounds of redraws for draws that land on a row that cannot start a window; the rest come from an exact scan.
@@ -69,6 +71,7 @@ class PrioritizedSampler(SamplerBase):
     checkpoint_record = {"sum_tree": LAYOUT}  # how the tree's nodes are laid out
     tree: SumTree
     max_priority: Any
+    most_value: float  # the largest leaf that keeps every leaf summed finite
 
     def __init__(self, alpha: float = 0.6, within_episodes: bool = False, use_native: bool = True):
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha or math.isnan(alpha):
@@ -82,6 +85,9 @@ class PrioritizedSampler(SamplerBase):
         bound = copy.copy(self)
         bound.tree = SumTree(make, num_rows, self.use_native)
         bound.max_priority = make("sampler/max_priority", [], tf.float64)
+        # The largest value a leaf may hold so that every leaf summed stays finite, and the priority that gives it.
+        bound.most_value = sys.float_info.max / (2 * bound.tree.leaves)
+        bound.priority_limit = _root(bound.most_value, self.alpha)
         return bound
 
     def on_write(self, ops: Any, rows: Any, startable: Any = None) -> list:
@@ -105,17 +111,18 @@ class PrioritizedSampler(SamplerBase):
         adds = ops.gather(view.num_adds, segment)
         live = (local >= adds - ops.minimum(adds, length)) & (local < adds)
         rows = ring.local_to_rows(local, segment, length, segments)[0]
-        # A bad priority rewrites nothing (in a graph the twin's assertion, which raises, does not order the
-        # writes): every row keeps its value and the largest priority stays.
-        good = ops.all((priorities >= 0) & (priorities < math.inf))
+        # A bad priority rewrites nothing and makes the stale count -1, which the twin refuses: every row keeps its
+        # value and the largest priority stays.
+        power = ops.power(ops.maximum(priorities, 0.0), self.alpha)
+        good = ops.all((priorities < math.inf) & ~ops.negative(priorities) & (power <= self.most_value))
         allowed = live & good
         if view.window is not None and view.window.lead:  # a row that can never start a window keeps leaf 0
             assert view.pos_at is not None  # a window goes with the episode index
             allowed = allowed & (view.pos_at(rows) >= view.window.lead)
-        values = ops.where(allowed, ops.power(priorities, self.alpha), self.tree.leaf(ops, rows))
+        values = ops.where(allowed, power, self.tree.leaf(ops, rows))
         largest = ops.max(ops.where(allowed, priorities, ops.zeros_like(priorities)))
         raised = self._raise(ops, largest)
-        stale = ops.sum(ops.to_int64(~live))
+        stale = ops.where(good, ops.sum(ops.to_int64(~live)), -ops.ones_like(ops.sum(ops.to_int64(~live))))
 
         # A stale id may share its row with a live one; it rewrites the row's value, so it goes first: of
         # duplicate rows the last write wins, and the last live id's priority is the one kept.
@@ -142,6 +149,28 @@ class PrioritizedSampler(SamplerBase):
         """Whether `update` refuses a bad priority itself: the compiled ring update does (`view.window` None)."""
         return view.window is None and self.tree.kernel(view.ops) is not None
 
+    def check_state(self, values: dict, live: Any, startable: Any) -> None:
+        """A saved tree: every leaf finite, non-negative, at most `most_value`, zero on rows that hold no item or
+        can never start a window; every inner node the sum of its children as the tree adds them; the largest
+        priority finite and non-negative."""
+        tree, most = np.asarray(values["sampler/sum_tree"], np.float64), values["sampler/max_priority"]
+        leaves = tree[self.tree.leaves :]
+        rows = live.shape[0]
+        empty = ~live if startable is None else ~(live & startable)
+        bad = ~np.isfinite(leaves) | (leaves.view(np.int64) < 0) | (leaves > self.most_value)
+        bad[:rows] |= empty & (leaves[:rows] != 0)
+        bad[rows:] |= leaves[rows:] != 0  # padding past the rows is never drawn
+        if bad.any():
+            raise refuse(
+                "sampler/sum_tree leaves", leaves[bad], "finite priority ** alpha of stored items (0 elsewhere)"
+            )
+        if not np.array_equal(tree, self.tree.rebuilt(leaves)):
+            raise refuse("sampler/sum_tree", tree[: self.tree.leaves], "the sums of its leaves, as the tree adds them")
+        most = np.asarray(most, np.float64)
+        if not (np.isfinite(most) and most.view(np.int64) >= 0 and most <= self.priority_limit):
+            rule = f"a finite, non-negative priority at most {self.priority_limit:.4g} (new items enter at it)"
+            raise refuse("sampler/max_priority", most, rule)
+
     def _raise(self, ops: Any, largest: Any) -> Any:
         """New items enter at the largest priority given so far."""
         return ops.assign(self.max_priority, ops.maximum(ops.read(self.max_priority), largest))
@@ -156,12 +185,6 @@ class PrioritizedSampler(SamplerBase):
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         ops, n = view.ops, num_steps or 1
-        if view.window is not None and n > 1 and not view.padded:
-            raise ValueError(
-                f"PrioritizedSampler: num_steps ({n}) must be None or 1 when windows stay inside episodes "
-                "(frame buffers, within_episodes=True): the probability of such a window cannot be kept exact. "
-                "Draw single items, or windows that may run past an episode's end (padded windows, with a mask)."
-            )
         uniform = view.uniform([size])
         if view.window is None and n == 1:  # single items of ring windows: one native call, where built
             fused = self.tree.ring_sample(ops, view.num_adds, uniform, view.max_length)
@@ -238,6 +261,14 @@ class PrioritizedSampler(SamplerBase):
         pick = ops.minimum(pick, view.num_segments * view.max_length - 1)
         seg, t = pick // view.max_length, ops.gather(ops.reshape(t, [-1]), pick)
         return seg, t, ops.gather(weight, pick)
+
+
+def _root(value: float, alpha: float) -> float:
+    """`value ** (1 / alpha)`, inf where that overflows (or alpha is 0: every priority gives 1)."""
+    try:
+        return value ** (1 / alpha) if alpha else math.inf
+    except OverflowError:
+        return math.inf
 
 
 def young(view: View, n: int) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
 FANOUT = 8
@@ -60,6 +61,17 @@ class SumTree:
         if self._kernel is _UNSET:
             self._kernel = ops.sum_tree_kernel(self.array)
         return self._kernel
+
+    def rebuilt(self, leaves: Any) -> np.ndarray:
+        """The whole tree over `leaves` (NumPy), every node its children's sum added first to last, as `set`
+        leaves it: what a saved tree must equal."""
+        tree = np.zeros(2 * self.leaves)
+        tree[self.leaves :] = leaves
+        n = self.leaves
+        for f in reversed(self.fanouts):
+            tree[n // f : 2 * n // f] = np.add.accumulate(tree[n : 2 * n].reshape(-1, f), axis=1)[:, -1]
+            n //= f
+        return tree
 
     def total(self, ops: Any) -> Any:
         """The sum of every leaf."""

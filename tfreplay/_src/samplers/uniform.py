@@ -56,8 +56,9 @@ class UniformSampler(SamplerBase):
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
         n, ops = num_steps or 1, view.ops
         if view.window is None:  # ring windows: segments advance together, so each has `per` starts
-            num_live = ops.minimum(view.num_adds[0], view.max_length)  # as `ring.live_range`
-            min_id, per = view.num_adds[0] - num_live, ops.maximum(num_live - n + 1, 0)
+            adds = view.num_adds[0]
+            num_live = ops.minimum(adds, view.max_length)  # as `ring.live_range`
+            min_id, per = adds - num_live, ops.maximum(num_live - n + 1, 0)
             count = per * view.num_segments
             draws = view.draw([size], count)
             per = ops.maximum(per, 1)  # an empty buffer still maps draws to rows

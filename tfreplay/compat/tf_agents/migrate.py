@@ -75,7 +75,7 @@ def restore_tf_agents_checkpoint(buffer: Any, path: str, key: str | None = None)
     Returns:
       How many items were loaded. Their ids restart at 0 in tfreplay. A
       buffer's rate limiter does not hold the loading back; its counts then
-      follow the rule for a checkpoint without counts (`core/rate_limiter.py`).
+      follow the rule for a checkpoint without counts (`tfreplay.rate_limiting`).
 
     Raises:
       ValueError: no TF-Agents buffer at `path`, or one whose spec, capacity or
@@ -126,6 +126,11 @@ def _check_layout(buffer: Any, key: str, leaves: list, last_id: int, ids: np.nda
                 f"{_WHERE}: the checkpoint's {key}/{path} ({leaf.dtype.name}{list(leaf.shape)}) must be "
                 f"{spec.dtype.name}{want}: batch_size ({segments}) x max_length ({length}) rows of the spec."
             )
+    if not -1 <= last_id < (1 << 60) // segments:
+        raise ValueError(
+            f"{_WHERE}: the checkpoint's {key}/_last_id ({last_id}) must be -1 (an empty buffer) or the id of the "
+            "newest add; it was altered or written by another library. The buffer is unchanged."
+        )
     num_adds = last_id + 1
     live = np.arange(max(0, num_adds - length), num_adds)
     rows = np.arange(segments)[:, None] * length + (live % length)[None, :]

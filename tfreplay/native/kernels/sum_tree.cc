@@ -44,7 +44,7 @@ int64_t tfreplay_ring_sample(const double* tree, int64_t leaves, const int64_t* 
 int64_t tfreplay_ring_update(double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
                              int64_t max_length, const int64_t* ids, const double* values, const double* priorities,
                              int64_t size, double* max_priority) {
-  if (!tfreplay::PrioritiesOk(priorities, size)) return -1;
+  if (!tfreplay::PrioritiesOk(priorities, values, size, leaves)) return -1;
   std::vector<int64_t> rows(size), node(size);
   std::vector<double> kept(size);
   return tfreplay::RingUpdate(tree, leaves, num_adds, num_segments, max_length, ids, values, priorities, size,

@@ -17,6 +17,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 namespace tfreplay {
 
@@ -194,17 +196,26 @@ inline bool RingSample(const double* tree, int64_t leaves, const int64_t* num_ad
   return all;
 }
 
-// Whether every priority is finite and non-negative (an update with another changes nothing).
-inline bool PrioritiesOk(const double* priorities, int64_t size) {
+// Whether every priority is finite and non-negative and its value (priority ** alpha) small enough that a tree of
+// `leaves` such values sums finitely (an update with another changes nothing). A negative priority is one whose
+// sign bit is set, -0.0 aside: a negative subnormal counts as negative whatever the float mode (a thread that
+// flushes denormals to zero would compare it as 0).
+inline bool PrioritiesOk(const double* priorities, const double* values, int64_t size, int64_t leaves) {
+  const double most = std::numeric_limits<double>::max() / (2.0 * static_cast<double>(leaves));
   bool ok = true;
-  for (int64_t i = 0; i < size; ++i) ok &= std::isfinite(priorities[i]) && priorities[i] >= 0.0;
+  for (int64_t i = 0; i < size; ++i) {
+    uint64_t bits;
+    std::memcpy(&bits, &priorities[i], sizeof bits);
+    const bool negative = (bits >> 63) != 0 && (bits << 1) != 0;
+    ok &= std::isfinite(priorities[i]) && !negative && values[i] <= most;
+  }
   return ok;
 }
 
 // Ring windows: gives the live ones of global `ids` (id = local * num_segments + segment) their `values`
 // (priority ** alpha); stale ids (overwritten, or not written yet) change nothing. Of duplicate rows the last
 // live value wins. Raises `*max_priority` to the largest priority of a live id and returns how many ids were
-// stale. The caller has checked the priorities (PrioritiesOk). `rows`, `kept` and `node` are scratch of
+// stale. The caller has checked the priorities and values (PrioritiesOk). `rows`, `kept` and `node` are scratch of
 // `size` entries.
 inline int64_t RingUpdate(double* tree, int64_t leaves, const int64_t* num_adds, int64_t num_segments,
                           int64_t max_length, const int64_t* ids, const double* values, const double* priorities,

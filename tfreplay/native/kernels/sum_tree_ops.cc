@@ -282,10 +282,6 @@ class RingUpdateOp : public OpKernel {
     OP_REQUIRES(c, ids.shape() == values.shape() && ids.shape() == priorities.shape(),
                 errors::InvalidArgument("ids, values and priorities must have one shape"));
     const int64_t size = ids.NumElements();
-    // The words of PRIORITIES_RULE (tfreplay/core/buffer.py), which the eager path raises as a ValueError.
-    OP_REQUIRES(c, tfreplay::PrioritiesOk(priorities.flat<double>().data(), size),
-                errors::InvalidArgument("update_priorities: every priority must be finite and non-negative; "
-                                        "nothing was updated."));
     mutex_lock guard(*var->mu());
     mutex_lock top_guard(*top->mu());  // always taken after the tree's: no other op holds both
     // num_adds is read here, under the tree's lock: see "Without the buffer's lock" above.
@@ -294,6 +290,12 @@ class RingUpdateOp : public OpKernel {
     OP_REQUIRES(c, num_adds.dtype() == DT_INT64, errors::InvalidArgument("num_adds must be an int64 vector"));
     int64_t leaves = 0;
     OP_REQUIRES_OK(c, Leaves(*var->tensor(), &leaves));
+    // The words of PRIORITIES_RULE (tfreplay/_src/write.py), which the eager path raises as a ValueError.
+    OP_REQUIRES(c,
+                tfreplay::PrioritiesOk(priorities.flat<double>().data(), values.flat<double>().data(), size, leaves),
+                errors::InvalidArgument("update_priorities: every priority must be finite and non-negative, and "
+                                        "small enough that priority ** alpha summed over every row stays finite; "
+                                        "nothing was updated."));
     OP_REQUIRES_OK(c, CheckRows(leaves, num_adds, max_length_));
     OP_REQUIRES(c, top->tensor()->dtype() == DT_DOUBLE && top->tensor()->NumElements() == 1,
                 errors::InvalidArgument("max_priority must be a float64 scalar"));

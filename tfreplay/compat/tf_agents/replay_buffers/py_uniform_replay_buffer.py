@@ -25,11 +25,16 @@ __all__ = ["PyUniformReplayBuffer"]
 class PyUniformReplayBuffer(buffers.PyUniformReplayBuffer):
     """TF-Agents' `PyUniformReplayBuffer`, by tfreplay: one ring of `capacity` items, thread-safe.
 
+    As TF-Agents' NumPy buffer, an empty one samples zeros (TF-Agents returns unset arrays) instead of
+    refusing: code switched from TF-Agents may rely on it. `tfreplay.PyUniformReplayBuffer` refuses.
+
     Args:
       data_spec: a nest of `ArraySpec`s (or `tf.TensorSpec`s) of one item.
       capacity: how many items it holds.
       seed: (keyword only, tfreplay's) seed of the sampling generator.
     """
+
+    _zeros_when_empty = True
 
     def __init__(self, data_spec: Nest, capacity: int, *, seed: int | None = None):
         super().__init__(data_spec, capacity, seed=seed)

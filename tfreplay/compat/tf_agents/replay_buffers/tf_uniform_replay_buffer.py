@@ -31,6 +31,10 @@ def _is_tf_agents_table(table_fn: Any) -> bool:
 class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
     """TF-Agents' `TFUniformReplayBuffer`, by tfreplay: same arguments, same returns.
 
+    An empty buffer's sample raises what TF-Agents raises, `tf.errors.InvalidArgumentError` with its words
+    (eagerly tfreplay's `EmptyBufferError`, which is that error and a `ValueError`); `_capacity` is a tensor,
+    as TF-Agents' tests read it.
+
     Args:
       data_spec, batch_size, max_length, scope, device: as TF-Agents.
       table_fn: `None` or TF-Agents' `table.Table` (its default); tfreplay
@@ -71,7 +75,15 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
         )
         object.__setattr__(self, "_given_spec", data_spec)
         object.__setattr__(self, "_as_given", replay_buffer.as_given(data_spec))
+        object.__setattr__(self, "_capacity_value", self._capacity)
+        object.__setattr__(self, "_capacity", tf.constant(self._capacity, tf.int64))  # as TF-Agents keeps it
         self._table_fn = table_fn
+
+    _empty_note = " (TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer.)"
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity_value
 
     @property
     def data_spec(self) -> Nest:
