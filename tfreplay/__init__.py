@@ -13,6 +13,7 @@ from tfreplay._src.api import BufferInfo, ReplayBuffer
 from tfreplay._src.episodes import EpisodeRule
 from tfreplay._src.storage import frame_data_spec
 from tfreplay.buffers import (
+    EmptyBufferError,
     PyFrameReplayBuffer,
     PyPrioritizedFrameReplayBuffer,
     PyPrioritizedReplayBuffer,
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BufferClosedError",
     "BufferInfo",
+    "EmptyBufferError",
     "EpisodeRule",
     "ExpReplay",
     "ExperienceReplay",

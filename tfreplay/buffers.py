@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tfreplay._src.buffer import Buffer
 from tfreplay._src.episodes import EpisodeRule
+from tfreplay._src.rate_limiter import EmptyBufferError as EmptyBufferError  # what sampling nothing raises
 from tfreplay._src.rate_limiter import RateLimiter
 from tfreplay._src.samplers.prioritized import PrioritizedSampler
 from tfreplay._src.samplers.uniform import UniformSampler

@@ -2,7 +2,7 @@
 
 `api_snapshot.json` (beside this file) is the API as released. A change that
 adds, removes or re-signs a public name fails here until the snapshot is
-rewritten on purpose: `python tests/test_public_api.py --write`.
+rewritten on purpose: `python tests/library/test_public_api.py --write`.
 Parameters are pinned by name, kind and default (annotations may be reworded).
 """
 

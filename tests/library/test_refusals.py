@@ -170,3 +170,17 @@ def test_a_refused_sample_does_not_advance_the_generator(kind, mode):
     for _ in range(3):
         a, b = (rb.get_next(8, num_steps=num_steps)[1] for rb in (refusing, plain))
         np.testing.assert_array_equal(np.asarray(a.ids), np.asarray(b.ids))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_sampling_an_empty_buffer_raises_the_public_error_a_caller_of_either_kind_catches(kind):
+    """`EmptyBufferError` is a `ValueError` (tfreplay's refusals) and TF's `InvalidArgumentError` (what the same
+    refusal raises in a graph): code written for either catches it. The buffer is unchanged and still samples."""
+    rb = KINDS[kind]()
+    for caught in (tfreplay.EmptyBufferError, ValueError, tf.errors.InvalidArgumentError):
+        with pytest.raises(caught, match="add more|add items|empty"):
+            rb.get_next(4)
+    assert int(rb.num_frames()) == 0
+    add(kind, rb, 0)
+    items, info = rb.get_next(4)
+    assert np.asarray(info.ids).shape == (4,)
