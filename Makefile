@@ -77,7 +77,7 @@ $(COMPAT_OPS): $(COMPAT_STAMP) $(KERNELS)
 # tests, then tfreplay's suite on TF 2.15: one pytest run, one summary line.
 test-compat: $(COMPAT_OPS)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) -k "not WithHashing" \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests -k "not WithHashing" \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
 		tests
 

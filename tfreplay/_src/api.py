@@ -141,10 +141,10 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
         gate = self._gate
         if tf.executing_eagerly():
             if gate.idle:  # no rate limiter, not closed: nothing to wait for
-                return self._get_next(request)
-            return gate.call("get_next", "sample", request.size, lambda: self._get_next(request))
+                return self._sample(request)
+            return gate.call("get_next", "sample", request.size, lambda: self._sample(request))
         with tf.control_dependencies(gate.admit_op("get_next", "sample", request.size)):  # wait, then sample
-            return self._get_next(request)
+            return self._sample(request)
 
     def as_dataset(
         self,
@@ -258,7 +258,7 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
     def _add_batch(self, items: Nest) -> Any: ...
 
     @abc.abstractmethod
-    def _get_next(self, request: Any) -> Any: ...
+    def _sample(self, request: Any) -> Any: ...
 
     @abc.abstractmethod
     def _sample_tensors(self, request: Any) -> tuple[Nest, BufferInfo]:

@@ -200,7 +200,7 @@ class Buffer(ReplayBuffer):
     def _add_batch(self, items: Nest) -> Any:
         return self._twin.add(self._parts, self._gate, "add_batch", self._data_spec, items)
 
-    def _get_next(self, request: Request) -> tuple[Nest, BufferInfo]:
+    def _sample(self, request: Request) -> tuple[Nest, BufferInfo]:
         return self._twin.get_next(self._parts, self._gate, request)
 
     def _sample_tensors(self, request: Request) -> tuple[Nest, BufferInfo]:

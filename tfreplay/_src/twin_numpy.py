@@ -55,6 +55,7 @@ def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) ->
                 f"max_length ({max_length}), or be left out."
             )
         return int(batch_size), int(capacity // batch_size), True
+    specs.check_positive_int(where, "max_length", max_length, allow_none=True)
     return int(batch_size), 1000 if max_length is None else int(max_length), True
 
 

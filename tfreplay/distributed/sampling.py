@@ -105,7 +105,7 @@ class Sampling:
                 return drawn
         raise ValueError(self._empty_message("get_next", num_steps))
 
-    def _get_next(self, request: Any) -> tuple:
+    def _sample(self, request: Any) -> tuple:
         sample_batch_size, num_steps, time_stacked, transform = request
         self._check_open("get_next")
         _no_transform("get_next", transform)

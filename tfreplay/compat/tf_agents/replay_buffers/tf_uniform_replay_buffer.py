@@ -100,6 +100,10 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
         items, info = super().get_next(sample_batch_size, num_steps, time_stacked, transform)
         return self._repack(items, num_steps is not None and not time_stacked), info
 
+    def _get_next(self, sample_batch_size: Any = None, num_steps: Any = None, time_stacked: bool = True) -> Any:
+        """TF-Agents' private sampling hook, which its own tests call: `get_next` by TF-Agents' positions."""
+        return self.get_next(sample_batch_size, num_steps, time_stacked)
+
     def as_dataset(  # type: ignore[override]
         self,
         sample_batch_size: Any = None,
