@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel
+.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel tutorials
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,16 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials
-	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials/build_notebooks.py
+	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials
 	$(PY) -m mypy tfreplay
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q tests
+
+# The tutorials' notebooks, written beside their jupytext percent scripts (tutorials/NN_topic.py -> .ipynb, not
+# committed, without outputs): open them in Jupyter or upload them to Colab.
+tutorials: $(STAMP)
+	$(PY) -m jupytext --to ipynb tutorials/[0-9][0-9]_*.py
 
 demo: $(STAMP)
 	$(PY) -m examples.demo

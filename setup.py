@@ -80,6 +80,7 @@ TEST = (
         "nbclient>=0.9",
         "nbformat>=5.9",
         "ipykernel>=6.20",
+        "jupytext>=1.16",  # the tutorials are percent scripts, converted to notebooks to run
     ]
     + EXAMPLES
     + RAY

@@ -1,36 +1,53 @@
-"""Every tutorial notebook runs headless, top to bottom, with small step counts."""
+"""Every tutorial, a jupytext percent script, converts to a notebook that runs headless, top to bottom, with small
+step counts, and prints none of TensorFlow's start-up messages."""
+
+from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import pathlib
+import re
+import sys
 
 import pytest
 
 # The compatibility lane (TF 2.15, TF-Agents' typing-extensions pin) has no notebook tooling: skip there.
 NO_TOOLING = "notebook tooling (the test extra) is not installed"
-nbformat = pytest.importorskip("nbformat", reason=NO_TOOLING)
+jupytext = pytest.importorskip("jupytext", reason=NO_TOOLING)
 NotebookClient = pytest.importorskip("nbclient", reason=NO_TOOLING).NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
+SCRIPTS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
 
-# Values that replace each notebook's `parameters` cell.
+# Values that replace each tutorial's `parameters` cell.
 SMALL = {
-    "1_replay_buffers.ipynb": {"max_length": 20, "num_adds": 12},
-    "2_collect_and_train.ipynb": {
+    "01_replay_buffers": {"max_length": 20, "num_adds": 12},
+    "02_collect_and_train": {
         "num_env_steps": 600,
         "initial_collect_steps": 200,
         "log_interval": 200,
         "num_eval_episodes": 2,
         "recipe_env_steps": 400,
     },
-    "3_prioritized_and_sequences.ipynb": {"num_env_steps": 400, "train_steps": 20, "recipe_env_steps": 1_200},
+    "03_prioritized_and_sequences": {"num_env_steps": 400, "train_steps": 20, "recipe_env_steps": 1_200},
 }
+
+# What TensorFlow's C++ code writes as it loads: the notebooks must hide it.
+START_UP_NOISE = re.compile(r"oneDNN|cudart|cuInit|absl::InitializeLog|cpu_feature_guard|TF_ENABLE_ONEDNN_OPTS")
+
+
+def notebook(path):
+    return jupytext.read(path, fmt="py:percent")
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
 
 
 def parameters_cell(nb):
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(cells) == 1, "a notebook needs exactly one code cell tagged `parameters`"
+    assert len(cells) == 1, "a tutorial needs exactly one code cell tagged `parameters`"
     return cells[0]
 
 
@@ -38,29 +55,94 @@ def assigned_names(source):
     return {t.id for node in ast.parse(source).body if isinstance(node, ast.Assign) for t in node.targets}
 
 
-def test_every_notebook_has_small_parameters():
-    assert {p.name for p in NOTEBOOKS} == set(SMALL)
-    for path in NOTEBOOKS:
-        nb = nbformat.read(path, as_version=4)
-        assert set(SMALL[path.name]) == assigned_names(parameters_cell(nb).source), path.name
-        assert all(c.get("outputs", []) == [] for c in nb.cells), f"{path.name}: commit notebooks without outputs"
+def imported_modules(source):
+    tree = ast.parse(source)
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
 
 
-def test_notebooks_match_their_build_script():
-    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "tutorials" / "build_notebooks.py")
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    for name, cells in build.NOTEBOOKS.items():
-        on_disk = nbformat.read(ROOT / "tutorials" / name, as_version=4)
-        assert on_disk == build.build(cells), f"run `python tutorials/build_notebooks.py` to update {name}"
+def test_every_tutorial_has_small_parameters():
+    assert {p.stem for p in SCRIPTS} == set(SMALL)
+    for path in SCRIPTS:
+        assert set(SMALL[path.stem]) == assigned_names(parameters_cell(notebook(path)).source), path.name
+
+
+def test_the_first_cell_sets_the_log_level_and_installs_only_from_a_checkout_or_wheel():
+    for path in SCRIPTS:
+        cells = code_cells(notebook(path))
+        first = cells[0].source
+        assert 'os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"' in first, path.name
+        assert 'importlib.util.find_spec("tfreplay") is None' in first, path.name
+        assert 'os.environ.get("TFREPLAY_WHEEL", "..")' in first, path.name
+        # pip is given a path, never a name it would look up on a package index.
+        assert not re.search(r"pip.*install.*[\"' ]tfreplay\b", path.read_text()), path.name
+        assert not {"tensorflow", "tf_keras", "tfreplay"} & imported_modules(first), path.name
+
+
+def run_first_cell(path, monkeypatch, tfreplay_found=True, **environ):
+    """The pip commands the tutorial's first cell runs (none is run), where tfreplay is or is not importable."""
+    calls = []
+    monkeypatch.setattr("subprocess.check_call", lambda args: calls.append(args))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: find_spec(name) if tfreplay_found else None)
+    monkeypatch.setitem(os.environ, "TF_CPP_MIN_LOG_LEVEL", os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    exec(compile(code_cells(notebook(path))[0].source, path.name, "exec"), {})
+    return calls
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_the_first_cell_installs_nothing_where_tfreplay_is_importable(path, monkeypatch):
+    assert run_first_cell(path, monkeypatch) == []
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_the_first_cell_installs_the_wheel_or_checkout_it_is_given(path, monkeypatch, tmp_path):
+    wheel = str(tmp_path / "tfreplay-0.1.0-cp311-cp311-linux_x86_64.whl")
+    for source in (wheel, str(ROOT)):
+        (command,) = run_first_cell(path, monkeypatch, tfreplay_found=False, TFREPLAY_WHEEL=source)
+        assert command[:5] == [sys.executable, "-m", "pip", "install", "--quiet"]
+        assert command[5] in (source, f"{source}[examples]"), command
+    monkeypatch.chdir(ROOT / "tutorials")
+    monkeypatch.delenv("TFREPLAY_WHEEL", raising=False)
+    (command,) = run_first_cell(path, monkeypatch, tfreplay_found=False)
+    assert command[5] in (str(ROOT), f"{ROOT}[examples]"), "the default is the checkout above tutorials/"
+    with pytest.raises(FileNotFoundError, match="neither a wheel nor a tfreplay checkout: set TFREPLAY_WHEEL"):
+        run_first_cell(path, monkeypatch, tfreplay_found=False, TFREPLAY_WHEEL=str(tmp_path))
+
+
+def test_the_tutorials_import_tf_keras_never_tf_dot_keras():
+    # Not `tf.keras`, whose meaning TF_USE_LEGACY_KERAS switches (Keras 3 or tf-keras): the tutorials run the same
+    # under either setting.
+    for path in SCRIPTS:
+        assert not re.search(r"\btf\.keras\b", path.read_text()), path.name
+
+
+def run(path, tmp_path):
+    """The tutorial converted to a notebook and executed in a fresh kernel of this interpreter, which imports this
+    checkout's tfreplay and starts without TF_CPP_MIN_LOG_LEVEL, so that the notebook must set it."""
+    nb = notebook(path)
+    parameters_cell(nb).source = "\n".join(f"{k} = {v!r}" for k, v in SMALL[path.stem].items())
+    environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [environ.get("PYTHONPATH")])])
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env=environ)  # raises CellExecutionError, with the failing cell and its traceback, on any error
+    return [o for c in code_cells(nb) for o in c.outputs]
+
+
+def text(output):
+    if output.output_type == "stream":
+        return output.text
+    if output.output_type == "error":
+        return "\n".join(output.traceback)
+    return "\n".join(str(v) for k, v in output.get("data", {}).items() if k.startswith("text/"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path):
-    nb = nbformat.read(path, as_version=4)
-    parameters_cell(nb).source = "\n".join(f"{k} = {v!r}" for k, v in SMALL[path.name].items())
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()  # raises CellExecutionError, with the failing cell and traceback, on any error
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_tutorial_runs_without_tensorflows_start_up_messages(path, tmp_path):
+    outputs = run(path, tmp_path)
     assert not [o for o in outputs if o.output_type == "error"]
+    noise = [text(o) for o in outputs if START_UP_NOISE.search(text(o))]
+    assert not noise, f"{path.name} prints TensorFlow's start-up messages: {noise}"
