@@ -80,6 +80,7 @@ TEST = (
         "nbclient>=0.9",
         "nbformat>=5.9",
         "ipykernel>=6.20",
+        "sybil[pytest]>=6",  # runs every python block of README.md and docs/ (the root conftest.py)
     ]
     + EXAMPLES
     + RAY
@@ -107,6 +108,7 @@ setup(
         "examples": EXAMPLES,
         "ray": RAY,
         "bench": ["cpprb>=10.7"],  # benchmarks/prioritized.py compares against its PrioritizedReplayBuffer
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "mkdocs-jupyter>=0.24"],
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],
     },
     classifiers=[
