@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel tutorials
+.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,15 @@ bench-prioritized: $(VENV)/.installed-bench
 
 bench-windows: $(STAMP)
 	$(PY) -m benchmarks.windows --markdown
+
+# The docs site into site/: mkdocs-material, API pages from the docstrings (mkdocstrings), the tutorials/ scripts
+# rendered unexecuted (mkdocs-jupyter, through the docs/tutorials link); --strict fails on any warning.
+$(VENV)/.installed-docs: setup.py $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # `pip wheel .`, then that wheel alone (plus TensorFlow and NumPy) in a fresh venv, with no compiler on PATH:
 # the compiled sum tree loads from the wheel and nothing warns (tests/native/test_native_build.py).

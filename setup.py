@@ -81,6 +81,7 @@ TEST = (
         "nbformat>=5.9",
         "ipykernel>=6.20",
         "jupytext>=1.16",  # the tutorials are percent scripts, converted to notebooks to run
+        "sybil[pytest]>=6",  # runs every python block of README.md and docs/ (the root conftest.py)
     ]
     + EXAMPLES
     + RAY
@@ -108,6 +109,7 @@ setup(
         "examples": EXAMPLES,
         "ray": RAY,
         "bench": ["cpprb>=10.7"],  # benchmarks/prioritized.py compares against its PrioritizedReplayBuffer
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "mkdocs-jupyter>=0.24"],
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],
     },
     classifiers=[
