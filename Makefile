@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
+.PHONY: test demo test-pythons bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,15 @@ test: $(STAMP) lint
 tutorials: $(STAMP)
 	$(PY) -m jupytext --to ipynb tutorials/[0-9][0-9]_*.py
 
-demo: $(STAMP)
-	$(PY) -m examples.demo
+# The demo needs only the rl extra (gymnasium, tf-keras, absl-py); add `.[examples]` for the progress bar,
+# TensorBoard summaries and the plot. `make demo ARGS=--steps=2000` passes flags.
+DEMO_STAMP := $(VENV)/.installed-rl
+$(DEMO_STAMP): setup.py $(KERNELS) | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e ".[rl]"
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(PY) -m tfreplay.rl.demo $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
@@ -61,11 +68,16 @@ $(VENV)/.installed-docs: setup.py $(STAMP)
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
-# `pip wheel .`, then that wheel alone (plus TensorFlow and NumPy) in a fresh venv, with no compiler on PATH:
-# the compiled sum tree loads from the wheel and nothing warns (tests/native/test_native_build.py).
+# A user's install: `pip wheel .`, then `pip install <wheel>[rl]` in one fresh venv (dependencies from the
+# package index), used from a folder outside the checkout: import tfreplay, the README's quick start,
+# `tfreplay-demo --steps=2000`, and the compiled sum tree loading with no compiler on PATH. Prints what it did.
 test-wheel: $(STAMP)
-	TFREPLAY_TEST_WHEEL=1 $(PY) -m pytest -q -p no:cacheprovider \
-		"tests/native/test_native_build.py::test_a_wheel_carries_the_compiled_libraries_and_samples_with_them_where_no_compiler_is"
+	TFREPLAY_TEST_WHEEL=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_packaging.py
+
+# The sdist installed (its C libraries compiled) on each other Python of 3.10-3.13 found on PATH or under
+# pyenv, and the README's quick start run there. Manual: several minutes (a TensorFlow install per Python).
+test-pythons: $(STAMP)
+	TFREPLAY_TEST_PYTHONS=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_packaging.py -k "installs_and_the_quick_start"
 
 # The compatibility lane: its own venv (TF 2.15.1, TF-Agents 0.19.0 and their pins), built once and reused.
 COMPAT_VENV := .venv-compat

@@ -98,7 +98,8 @@ setup(
     package_data={"tfreplay": ["native/kernels/*.cc", "native/kernels/*.h"]},
     ext_modules=native_libraries(),
     cmdclass={"build_ext": OptionalBuildExt},
-    python_requires=">=3.9",
+    entry_points={"console_scripts": ["tfreplay-demo = tfreplay.rl.demo:run"]},  # needs the rl extra
+    python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.15",
         "numpy>=1.23",
@@ -115,5 +116,30 @@ setup(
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Programming Language :: C++",
+        "Topic :: Software Development :: Libraries :: Python Modules",
     ],
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    author="tfreplay developers",
+    maintainer="tfreplay developers",
+    keywords=["reinforcement learning", "experience replay", "replay buffer", "tensorflow"],
+    # Placeholders: example.invalid never resolves. Replace all three with the real addresses on publication
+    # (tests/test_packaging.py fails on a placeholder once TFREPLAY_RELEASE=1 is set for a release build).
+    url="https://example.invalid/tfreplay",
+    project_urls={
+        "Documentation": "https://example.invalid/tfreplay/docs",
+        "Source": "https://example.invalid/tfreplay/source",
+        "Issues": "https://example.invalid/tfreplay/issues",
+    },
 )

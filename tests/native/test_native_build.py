@@ -14,10 +14,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import zipfile
 
 import pytest
-import tensorflow as tf
 
 from tfreplay import native
 
@@ -257,39 +255,6 @@ def test_an_install_from_source_without_a_compiler_still_succeeds(tmp_path):
     assert done.stderr.count("tfreplay: compiling its C libraries failed") == 1, done.stderr
     assert "installing without them" in done.stderr
     assert list((tree / "tfreplay/native").glob("_*.so")) == []
-
-
-@pytest.mark.skipif(os.environ.get("TFREPLAY_TEST_WHEEL") != "1", reason="`make test-wheel` runs it (a fresh venv)")
-def test_a_wheel_carries_the_compiled_libraries_and_samples_with_them_where_no_compiler_is(tmp_path):
-    """`pip wheel .`, then the wheel alone (plus TensorFlow and NumPy) in a fresh venv, no compiler on PATH, run
-    from outside the repository: the sum tree loads from the wheel and nothing warns."""
-    pip = [sys.executable, "-m", "pip", "--quiet"]
-    dist = tmp_path / "dist"
-    wheel_command = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)]
-    subprocess.run(wheel_command, check=True, timeout=300)
-    [wheel] = dist.glob("tfreplay-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    for library in ("sum_tree", "windows"):
-        assert [n for n in names if n.startswith(f"tfreplay/native/_{library}.") and n.endswith(".so")], names
-    assert "tfreplay/native/kernels/sum_tree_ops.cc" in names  # the TF ops' sources, for the build step
-
-    venv, clean = tmp_path / "venv", environment(tmp_path, None)  # no PYTHONPATH: pip sees only the venv
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    venv_pip = [str(venv / "bin/python"), "-m", "pip", "--quiet"]
-    subprocess.run([*venv_pip, "install", "--no-deps", str(wheel)], check=True, timeout=300, env=clean)
-    tensorflow = [*venv_pip, "install", f"tensorflow=={tf.__version__}", "numpy"]
-    subprocess.run(tensorflow, check=True, timeout=600, env=clean)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = environment(tmp_path, None, HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    env.update(TFREPLAY_CACHE=None, PATH=str(venv / "bin"), **{"VIRTUAL_ENV": str(venv)})
-    env = {k: v for k, v in env.items() if v is not None}
-    assert shutil.which("g++", path=env["PATH"]) is None and shutil.which("c++", path=env["PATH"]) is None
-    got, lines = python(sample(), env, elsewhere, python=str(venv / "bin/python"))
-    assert got["package"].startswith(str(venv)), got["package"]
-    assert got["shape"] == [8, 2] and got["compiled"] is True and lines == []
-    origin, path, _ = got["status"]["sum_tree"]
-    assert origin == "package" and path.startswith(str(venv))
 
 
 def test_the_command_prints_the_status_and_the_usage_and_refuses_an_unknown_kernel(capsys):

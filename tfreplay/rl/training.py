@@ -1,6 +1,6 @@
 """A complete DQN training run: collect driver -> buffer -> `as_dataset` -> agent.
 
-`train_dqn(DqnConfig(...))` is what `python -m examples.demo` runs; tests and
+`train_dqn(DqnConfig(...))` is what `tfreplay-demo` runs; tests and
 the tutorials call it with small step counts. One vectorised `StepDriver`
 feeds a `TFUniformReplayBuffer` through its `add_batch` observer; the learner
 reads single transitions, `experience_dataset(buffer, batch_size)`.
@@ -20,7 +20,8 @@ PNG. The same config (seed included) gives the same run: networks,
 exploration, environments and sampling are all seeded, and samples are drawn
 in order, when the learner asks.
 
-tqdm and matplotlib (the `examples` extra) are imported only when used.
+tqdm, TensorBoard and matplotlib (the `examples` extra) are imported only when used; without one, the run
+goes on without its bar, summaries or plot and says so in one line.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import tf_keras
 
 from tfreplay import ReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 from tfreplay._src import specs
+from tfreplay.rl import _optional
 from tfreplay.rl.agents import DqnAgent, LossInfo, make_q_network
 from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec
 from tfreplay.rl.learner import (
@@ -210,31 +212,6 @@ def _learning_rate(config: DqnConfig) -> Any:
     )
 
 
-class _NoBar:
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        pass
-
-
-def _progress_bar(total: int, initial: int, enabled: bool) -> Any:
-    if not enabled:
-        return _NoBar()
-    import warnings
-
-    with warnings.catch_warnings():  # tqdm.auto warns in a notebook without ipywidgets, then prints text
-        warnings.simplefilter("ignore")
-        from tqdm.auto import tqdm
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, mininterval=0.5)
-
-
 class _Due:
     """Tells when `interval` env steps have passed since an event last fired."""
 
@@ -302,7 +279,7 @@ class _Run:
         self.manager = None
         if c.output_dir:
             self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(c.output_dir, "checkpoints"), 1)
-            self.writer = tf.summary.create_file_writer(os.path.join(c.output_dir, "tensorboard"))
+            self.summaries = _optional.Summaries(os.path.join(c.output_dir, "tensorboard"))
 
     def restore(self) -> None:
         if not (self.manager and self.manager.latest_checkpoint):
@@ -345,10 +322,8 @@ class _Run:
         }
         self.history.append(point)
         if self.manager:
-            with self.writer.as_default(step=point["env_steps"]):
-                for key in ("average_return", "episode_length", "loss"):
-                    if point[key] is not None:
-                        tf.summary.scalar(key, point[key])
+            names = ("average_return", "episode_length", "loss")
+            self.summaries.scalars(int(self.env_steps.numpy()), {k: point[k] for k in names})
         return point
 
     def evaluate_now(self) -> bool:
@@ -363,8 +338,7 @@ class _Run:
             self.best_return.assign(mean)
             self.best_q_network.set_weights(self.agent.q_network.get_weights())
         if self.manager:
-            with self.writer.as_default(step=steps):
-                tf.summary.scalar("eval/interval_return", mean)
+            self.summaries.scalars(steps, {"eval/interval_return": mean})
         return c.stop_at_return is not None and mean >= c.stop_at_return
 
     def save(self) -> None:
@@ -378,7 +352,7 @@ class _Run:
         c, loss, credit, stop = self.config, float("nan"), 0.0, False
         first = int(self.env_steps.numpy())
         start, due = time.perf_counter(), _Due(first)
-        with _progress_bar(c.num_env_steps, first, c.progress) as bar:
+        with _optional.progress_bar(c.num_env_steps, first, c.progress) as bar:
             while (steps := int(self.env_steps.numpy())) < c.num_env_steps and not stop:
                 loss, credit = self.iterate(loss, credit)
                 now = int(self.env_steps.numpy())
@@ -431,10 +405,10 @@ def train_dqn(config: DqnConfig | None = None, **overrides: Any) -> TrainResult:
     eval_returns = evaluate(config.env_id, run.agent.policy(), config.num_eval_episodes, seed=config.seed + 10_000)
     run.save()
     if config.output_dir:
-        plot_learning_curve(run.history, os.path.join(config.output_dir, "learning_curve.png"), eval_returns)
-        with run.writer.as_default(step=int(run.env_steps.numpy())):
-            tf.summary.scalar("eval/average_return", float(np.mean(eval_returns)))
-        run.writer.flush()
+        if _optional.available("matplotlib", "no learning_curve.png is drawn"):
+            plot_learning_curve(run.history, os.path.join(config.output_dir, "learning_curve.png"), eval_returns)
+        run.summaries.scalars(int(run.env_steps.numpy()), {"eval/average_return": float(np.mean(eval_returns))})
+        run.summaries.flush()
     env_steps, train_steps = int(run.env_steps.numpy()), int(run.agent.train_step_counter.numpy())
     rate = lambda n: n / loop_time if loop_time > 0 else 0.0  # noqa: E731
     return TrainResult(

@@ -1,0 +1,72 @@
+"""train_dqn with only the `rl` extra: without tqdm, TensorBoard or matplotlib it trains, checkpoints, and says
+once, in one line each, what it leaves out."""
+
+import importlib.util
+
+import pytest
+
+from tfreplay.rl import _optional
+from tfreplay.rl.training import train_dqn
+
+OPTIONAL = ("tqdm", "tensorboard", "matplotlib")
+SMALL = dict(
+    num_env_steps=300,
+    initial_collect_steps=200,
+    num_envs=4,
+    train_steps_per_env_step=0.25,
+    buffer_size=400,
+    batch_size=16,
+    fc_layer_params=(16,),
+    num_eval_episodes=2,
+    eval_interval=0,
+    log_interval=100,
+)
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """`without(*names)`: those packages look uninstalled to tfreplay.rl (and nothing was told yet)."""
+    find_spec = importlib.util.find_spec
+
+    def hide(*names):
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a: None if name in names else find_spec(name, *a)
+        )
+
+    monkeypatch.setattr(_optional, "_told", set())
+    return hide
+
+
+@pytest.mark.slow
+def test_a_run_without_the_optional_packages_trains_checkpoints_and_says_what_it_leaves_out(without, tmp_path, capsys):
+    without(*OPTIONAL)
+    result = train_dqn(**SMALL, output_dir=str(tmp_path), progress=True)
+    assert result.num_env_steps == 300
+    out, err = capsys.readouterr()
+    assert [line for line in err.splitlines() if line.startswith("tfreplay:")] == [  # in the order of use
+        "tfreplay: tensorboard is not installed: no TensorBoard summaries are written (pip install tensorboard).",
+        "tfreplay: tqdm is not installed: progress is printed as plain lines (pip install tqdm).",
+        "tfreplay: matplotlib is not installed: no learning_curve.png is drawn (pip install matplotlib).",
+    ]
+    assert "300/300 steps (100%)" in out
+    assert list((tmp_path / "checkpoints").glob("ckpt-300.index")) and (tmp_path / "history.json").exists()
+    assert not (tmp_path / "learning_curve.png").exists() and not (tmp_path / "tensorboard").exists()
+    train_dqn(**SMALL, output_dir=str(tmp_path / "again"), progress=False)
+    assert "tfreplay:" not in capsys.readouterr().err  # told once per process
+
+
+def test_plain_progress_prints_a_line_per_tenth_with_the_latest_figures(without, capsys):
+    without("tqdm")
+    with _optional.progress_bar(total=1000, initial=200, enabled=True) as bar:
+        for _ in range(8):
+            bar.set_postfix(loss="0.5")
+            bar.update(100)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{n:,}/1,000 steps ({n // 10}%), loss=0.5" for n in range(300, 1001, 100)]
+
+
+def test_no_progress_prints_nothing_and_tells_nothing(without, capsys):
+    without("tqdm")
+    with _optional.progress_bar(total=10, initial=0, enabled=False) as bar:
+        bar.update(10)
+    assert capsys.readouterr() == ("", "")

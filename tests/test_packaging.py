@@ -1,0 +1,307 @@
+"""What a user gets from tfreplay's distributions: the metadata, the sdist's files and the installed wheel.
+
+The metadata and sdist checks run with the suite (a few seconds). `make test-wheel` (TFREPLAY_TEST_WHEEL=1)
+builds the wheel, installs it as `tfreplay[rl]` in one fresh venv with its dependencies from the package
+index, and from a folder outside the repository imports tfreplay, runs the README's quick start and the demo
+command, and samples through the compiled libraries with no compiler on PATH. `make test-pythons`
+(TFREPLAY_TEST_PYTHONS=1) installs the sdist on each other Python 3.10-3.13 found here and runs the quick start.
+"""
+
+from __future__ import annotations
+
+import email
+import email.message
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")  # the supported range
+pytestmark = pytest.mark.skipif(not (ROOT / "setup.py").is_file(), reason="needs the source tree (setup.py)")
+
+
+def source_files() -> list[str]:
+    """The repository's files as git sees them (tracked, and new ones not ignored); skips without git."""
+    command = ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"]
+    try:
+        listed = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("needs a git checkout to list the source files")
+    return sorted(name for name in set(listed.splitlines()) if (ROOT / name).is_file())
+
+
+def quick_start() -> str:
+    """The first ```python block of README.md."""
+    found = re.search(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S | re.M)
+    assert found, "README.md has no ```python block"
+    return found.group(1)
+
+
+def build_sdist(into: pathlib.Path) -> pathlib.Path:
+    """`setup.py sdist` on a copy of the source files (the checkout itself is left alone)."""
+    tree = into / "src"
+    for name in source_files():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, tree / name)
+    command = [sys.executable, "setup.py", "-q", "sdist", "-d", str(into / "dist")]
+    done = subprocess.run(command, cwd=tree, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sdist,) = (into / "dist").glob("tfreplay-*.tar.gz")
+    return sdist
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> tuple[pathlib.Path, list[str], email.message.Message]:
+    """The sdist, its file names (without the top folder) and its PKG-INFO."""
+    path = build_sdist(tmp_path_factory.mktemp("sdist"))
+    with tarfile.open(path) as archive:
+        members = [m for m in archive.getmembers() if m.isfile()]
+        names = sorted(m.name.split("/", 1)[1] for m in members)
+        (info,) = [m for m in members if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")]
+        metadata = email.message_from_bytes(archive.extractfile(info).read())  # type: ignore[union-attr]
+    return path, names, metadata
+
+
+def test_the_sdist_carries_every_source_file_and_nothing_built(sdist):
+    _, names, _ = sdist
+    missing = sorted(set(source_files()) - set(names) - {".gitignore"})
+    assert missing == [], f"MANIFEST.in leaves these out of the sdist: {missing}"
+    # What the suite reads beside the code: golden checkpoints, the API snapshot, the compat lane's pins, helpers.
+    for needed in ("tests/library/api_snapshot.json", "tests/compat/requirements.txt", "tests/helpers.py"):
+        assert needed in names
+    assert any(name.startswith("tests/library/golden/") and not name.endswith(".py") for name in names)
+    built = [n for n in names if n.endswith((".so", ".pyc", ".pyd")) or "__pycache__" in n]
+    assert built == []
+
+
+def test_the_metadata_names_the_license_the_pythons_and_the_addresses(sdist):
+    _, names, metadata = sdist
+    assert metadata["License"] == "Apache-2.0" and metadata["License-File"] == "LICENSE"
+    assert "License :: OSI Approved :: Apache Software License" in metadata.get_all("Classifier")
+    assert "LICENSE" in names
+    assert (ROOT / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert metadata["Requires-Python"] == f">={PYTHONS[0]}"
+    versions = [c.rsplit(" :: ", 1)[1] for c in metadata.get_all("Classifier") if re.fullmatch(r".*:: 3\.\d+", c)]
+    assert tuple(versions) == PYTHONS
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
+    assert set(urls) == {"Documentation", "Source", "Issues"}
+    assert metadata["Author"] == metadata["Maintainer"] == "tfreplay developers"
+    if os.environ.get("TFREPLAY_RELEASE") == "1":  # a release build: the placeholders must be filled in setup.py
+        assert not [u for u in [*urls.values(), metadata["Home-page"]] if "example.invalid" in u], urls
+
+
+def test_the_demo_is_a_console_script(sdist):
+    path, _, _ = sdist
+    with tarfile.open(path) as archive:
+        (member,) = [m for m in archive.getmembers() if m.name.endswith(".egg-info/entry_points.txt")]
+        text = archive.extractfile(member).read().decode()  # type: ignore[union-attr]
+    assert "[console_scripts]\ntfreplay-demo = tfreplay.rl.demo:run" in text
+
+
+# --- the wheel, installed as a user installs it (`make test-wheel`) ---
+
+needs_wheel_lane = pytest.mark.skipif(
+    os.environ.get("TFREPLAY_TEST_WHEEL") != "1", reason="`make test-wheel` runs it (a fresh venv, the package index)"
+)
+
+
+def clean_environment(home: pathlib.Path, path: str, **changes: str) -> dict:
+    """The environment without tfreplay's settings, PYTHONPATH or a compiler choice; its own HOME and caches.
+    pip's own settings (index, cache) stay, so the venv installs from the same index a user's would."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFREPLAY_", "VIRTUAL_ENV"))}
+    for name in ("PYTHONPATH", "CXX", "TF_USE_LEGACY_KERAS", "XDG_CACHE_HOME"):
+        env.pop(name, None)
+    env.update(HOME=str(home), PATH=path, TF_CPP_MIN_LOG_LEVEL="2", **changes)
+    if "PIP_CACHE_DIR" not in os.environ:
+        env["PIP_CACHE_DIR"] = str(pathlib.Path.home() / ".cache" / "pip")  # a warm cache across runs
+    return env
+
+
+class User:
+    """A fresh venv with the wheel installed, used from a folder outside the repository."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root, self.venv, self.here = root, root / "venv", root / "elsewhere"
+        self.here.mkdir()
+        (root / "home").mkdir()
+        self.report: list[str] = []
+
+    def env(self, **changes: str) -> dict:
+        return clean_environment(self.root / "home", str(self.venv / "bin"), VIRTUAL_ENV=str(self.venv), **changes)
+
+    def run(self, command: list, timeout: int = 600, **changes: str) -> subprocess.CompletedProcess:
+        start = time.perf_counter()
+        done = subprocess.run(
+            command, cwd=self.here, env=self.env(**changes), capture_output=True, text=True, timeout=timeout
+        )
+        self.seconds = time.perf_counter() - start
+        return done
+
+    def python(self, code: str, **changes: str) -> subprocess.CompletedProcess:
+        return self.run([str(self.venv / "bin/python"), "-c", code], **changes)
+
+    def note(self, line: str) -> None:
+        self.report.append(f"test-wheel: {line}")
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """The wheel (`pip wheel .`) installed as `tfreplay[rl]` in a fresh venv, dependencies from the index."""
+    root = tmp_path_factory.mktemp("user")
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", root / "dist"]
+    subprocess.run([*map(str, command), str(ROOT)], check=True, timeout=600, capture_output=True)
+    (wheel,) = (root / "dist").glob("tfreplay-*.whl")
+    user = User(root)
+    user.wheel = wheel
+    user.note(f"built {wheel.name} in {time.perf_counter() - start:.0f} s")
+    subprocess.run([sys.executable, "-m", "venv", str(user.venv)], check=True, timeout=300)
+    done = user.run([str(user.venv / "bin/python"), "-m", "pip", "install", "-q", f"{wheel}[rl]"], timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    installed = user.seconds
+    listed = user.run([str(user.venv / "bin/python"), "-m", "pip", "list", "--format=json"]).stdout
+    packages = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(listed)}
+    user.packages = packages
+    user.note(
+        f"fresh venv, pip install <wheel>[rl]: {len(packages)} packages in {installed:.0f} s "
+        f"(tensorflow {packages.get('tensorflow')}, tf-keras {packages.get('tf-keras')}, "
+        f"gymnasium {packages.get('gymnasium')}; tqdm, tensorboard, matplotlib: "
+        f"{', '.join(n for n in ('tqdm', 'tensorboard', 'matplotlib') if n in packages) or 'none'})"
+    )
+    yield user
+    print("\n" + "\n".join(user.report))
+
+
+@needs_wheel_lane
+def test_the_wheel_imports_from_outside_the_repository(user):
+    done = user.python("import json, tfreplay; print(json.dumps([tfreplay.__file__, len(tfreplay.__all__)]))")
+    assert done.returncode == 0, done.stderr[-3000:]
+    path, num_names = json.loads(done.stdout.splitlines()[-1])
+    assert path.startswith(str(user.venv)) and num_names > 0, path
+    user.note(f"import tfreplay: {num_names} public names, from the venv ({user.seconds:.1f} s)")
+
+
+@needs_wheel_lane
+def test_the_readme_quick_start_runs_from_the_wheel(user):
+    code = quick_start()
+    (user.here / "quick_start.py").write_text(code)
+    done = user.run([str(user.venv / "bin/python"), "quick_start.py"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    user.note(f"README quick start ({len(code.splitlines())} lines): ran in {user.seconds:.1f} s")
+
+
+@needs_wheel_lane
+def test_the_demo_command_trains_with_only_the_rl_extra(user):
+    demo = str(user.venv / "bin/tfreplay-demo")
+    done = user.run([demo, "--help"])
+    assert done.returncode == 0 and "--steps: Total environment steps" in done.stdout, done.stderr[-3000:]
+    done = user.run([demo, "--steps=2000", "--output_dir=run"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Greedy evaluation over 20 episodes" in done.stdout and "CartPole-v1: average return" in done.stdout
+    assert list((user.here / "run/checkpoints").glob("ckpt-2000.index")) and (user.here / "run/history.json").exists()
+    # One line for each optional package that is missing, and what the run did without it.
+    told = [line for line in done.stderr.splitlines() if line.startswith("tfreplay:")]
+    missing = [name for name in ("tqdm", "tensorboard", "matplotlib") if name not in user.packages]
+    assert sorted(line.split()[1] for line in told) == sorted(missing), told
+    assert (user.here / "run/learning_curve.png").exists() == ("matplotlib" in user.packages)
+    if "tqdm" not in user.packages:
+        assert "2,000/2,000 steps (100%)" in done.stdout
+    user.note(f"tfreplay-demo --steps=2000: exit 0 in {user.seconds:.0f} s; {done.stdout.splitlines()[-1]}")
+    user.note("  its lines about what is not installed: " + (" | ".join(told) or "none"))
+
+
+@needs_wheel_lane
+def test_the_wheel_samples_with_its_compiled_libraries_where_no_compiler_is(user):
+    names = zipfile.ZipFile(user.wheel).namelist()
+    for library in ("sum_tree", "windows"):
+        assert [n for n in names if n.startswith(f"tfreplay/native/_{library}.") and n.endswith(".so")], names
+    assert "tfreplay/native/kernels/sum_tree_ops.cc" in names  # the TF ops' sources, for the build step
+    assert "tfreplay/rl/demo.py" in names
+    code = """
+import json, numpy as np
+from tfreplay import PyPrioritizedReplayBuffer, native
+rb = PyPrioritizedReplayBuffer({"x": np.zeros([2], np.float32)}, capacity=64, seed=0)
+rb.add_batch({"x": np.arange(32, dtype=np.float32).reshape(16, 2)})
+_, info = rb.get_next(sample_batch_size=8)
+rb.update_priorities(info.ids, np.full([8], 2.0))
+items, _ = rb.get_next(sample_batch_size=8)
+print(json.dumps([list(items["x"].shape), {row.name: [row.origin, row.path] for row in native.status()}]))
+"""
+    assert shutil.which("g++", path=str(user.venv / "bin")) is None
+    done = user.python(code, TFREPLAY_CACHE=str(user.root / "cache"))  # an empty kernel cache: nothing built
+    assert done.returncode == 0, done.stderr[-3000:]
+    shape, status = json.loads(done.stdout.splitlines()[-1])
+    assert shape == [8, 2] and [line for line in done.stderr.splitlines() if line.startswith("tfreplay:")] == []
+    origin, path = status["sum_tree"]
+    assert origin == "package" and path.startswith(str(user.venv)), status
+    user.note(f"no compiler on PATH: the sum tree loads from the wheel ({path.rsplit('/', 1)[1]})")
+
+
+# --- the other Pythons of the supported range (`make test-pythons`) ---
+
+
+def runs_as(path: str | None, version: str) -> bool:
+    """Whether `path` is an interpreter of `version` (a pyenv shim of a version not selected is not)."""
+    if not path or not os.access(path, os.X_OK):
+        return False
+    code = "import sys; print('%d.%d' % sys.version_info[:2])"
+    done = subprocess.run([path, "-c", code], capture_output=True, text=True, timeout=60)
+    return done.returncode == 0 and done.stdout.strip() == version
+
+
+def interpreters() -> list:
+    """python3.10 ... python3.13 other than this one: under pyenv's versions, or on PATH (probed only when
+    `make test-pythons` asks)."""
+    if os.environ.get("TFREPLAY_TEST_PYTHONS") != "1":
+        return []
+    found = []
+    roots = sorted(pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"), "versions").glob("3.*"))
+    for version in PYTHONS:
+        if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+            continue
+        candidates = [str(r / f"bin/python{version}") for r in roots] + [shutil.which(f"python{version}")]
+        path = next((c for c in candidates if runs_as(c, version)), None)
+        found.append(pytest.param(version, path, marks=pytest.mark.skipif(path is None, reason="not installed")))
+    return found
+
+
+@pytest.mark.skipif(os.environ.get("TFREPLAY_TEST_PYTHONS") != "1", reason="`make test-pythons` runs it")
+@pytest.mark.parametrize("version, interpreter", interpreters())
+def test_the_sdist_installs_and_the_quick_start_runs_on(version, interpreter, sdist, tmp_path):
+    path, _, _ = sdist
+    venv, here = tmp_path / "venv", tmp_path / "elsewhere"
+    here.mkdir()
+    (tmp_path / "home").mkdir()
+    subprocess.run([interpreter, "-m", "venv", str(venv)], check=True, timeout=300)
+    env = clean_environment(tmp_path / "home", f"{venv / 'bin'}:/usr/bin:/bin", VIRTUAL_ENV=str(venv))
+    start = time.perf_counter()
+    command = [str(venv / "bin/python"), "-m", "pip", "install", "-q", str(path)]  # builds its wheel, compiles
+    done = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    installed = time.perf_counter() - start
+    (here / "quick_start.py").write_text(quick_start())
+    code = "import json, platform, tensorflow as tf, tfreplay; from tfreplay import native; "
+    code += "print(json.dumps([platform.python_version(), tf.__version__, native.sum_tree_library() is not None]))"
+    start = time.perf_counter()
+    ran = subprocess.run(
+        [str(venv / "bin/python"), "quick_start.py"], cwd=here, env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seconds = time.perf_counter() - start
+    checked = subprocess.run([str(venv / "bin/python"), "-c", code], cwd=here, env=env, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    python, tensorflow, compiled = json.loads(checked.stdout.splitlines()[-1])
+    assert python.startswith(version + ".") and compiled
+    print(  # shown with -s, as `make test-pythons` runs it
+        f"\ntest-pythons: Python {python}: pip install <sdist> {installed:.0f} s (TensorFlow {tensorflow}, "
+        f"C libraries compiled: {compiled}); README quick start {seconds:.1f} s"
+    )
