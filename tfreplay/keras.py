@@ -113,8 +113,8 @@ def fit_dataset(
     fn = _fit_fn("fit_dataset", x, y, beta)
     dataset = buffer.as_dataset(sample_batch_size=sample_batch_size, num_steps=num_steps, transform=transform)
     item_spec = dataset.element_spec[0]
-    _select("fit_dataset", "x", item_spec, x)  # a wrong path fails here, naming the item's fields
-    _select("fit_dataset", "y", item_spec, y)
+    _check_paths("fit_dataset", "x", item_spec, x)  # a wrong path fails here, naming the item's fields
+    _check_paths("fit_dataset", "y", item_spec, y)
     return dataset.map(fn)
 
 
@@ -195,8 +195,17 @@ def _check_key(where: str, name: str, key: Key) -> None:
         _check_key(where, name, part)
 
 
+def _check_paths(where: str, name: str, item_spec: Nest, key: Key) -> None:
+    """Walks every path of `key` through the items' spec (a callable is left to meet the items themselves)."""
+    if isinstance(key, str):
+        _walk(where, name, item_spec, key)
+    elif isinstance(key, (Mapping, list, tuple)):
+        for part in key.values() if isinstance(key, Mapping) else key:
+            _check_paths(where, name, item_spec, part)
+
+
 def _select(where: str, name: str, items: Nest, key: Key) -> Nest:
-    """What `key` names in `items` (tensors or, to check a key early, specs)."""
+    """What `key` names in `items`."""
     if key is None:
         return None
     if callable(key):
@@ -219,12 +228,15 @@ def _fields(node: Any) -> list[str] | None:
 
 
 def _walk(where: str, name: str, items: Nest, path: str) -> Nest:
-    node, seen = items, []
+    node: Nest = items
+    seen: list[str] = []
     for part in [p for p in path.split("/") if p]:
         fields = _fields(node)
         under = f" under '{'/'.join(seen)}'" if seen else ""
         if fields is None:
-            raise ValueError(f"{where}: {name} ({path!r}) names no field: '{'/'.join(seen)}' is a leaf.")
+            raise ValueError(
+                f"{where}: {name} ({path!r}) names no field: '{'/'.join(seen)}' is a leaf (a tensor), with no fields."
+            )
         if part not in fields:
             raise ValueError(
                 f"{where}: {name} ({path!r}) names no field: '{part}' is not one of {', '.join(fields)}{under}."
