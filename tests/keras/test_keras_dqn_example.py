@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+pytest.importorskip("keras", minversion="3", reason="a Keras 3 example (the TF 2.15 lane has Keras 2)")
 
 pytestmark = pytest.mark.keras  # about 5 s: a few hundred env steps
 

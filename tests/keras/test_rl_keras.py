@@ -46,8 +46,8 @@ def test_an_agent_trains_a_network_of_either_keras_with_its_default_optimizer(na
 
 
 MIXED = [
-    ("keras", "tf_keras", r"optimizer \(Adam of tf_keras\) must be of the q_network's Keras \(keras 3"),
-    ("tf_keras", "keras", r"optimizer \(Adam of keras\) must be of the q_network's Keras \(tf_keras 2"),
+    ("keras", "tf_keras", r"optimizer \(Adam of tf_keras\) must be of the q_network's Keras \(keras \d"),
+    ("tf_keras", "keras", r"optimizer \(Adam of keras\) must be of the q_network's Keras \(tf_keras \d"),
 ]
 
 
