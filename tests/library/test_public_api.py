@@ -18,6 +18,7 @@ SNAPSHOT = pathlib.Path(__file__).with_name("api_snapshot.json")
 # The namespaces users import from, and what each exports.
 NAMESPACES = {
     "tfreplay": None,  # its __all__
+    "tfreplay.keras": None,
     "tfreplay.compat.tf_agents": None,
     "tfreplay.compat.tf_agents.replay_buffers": None,
     "tfreplay.compat.tf_agents.replay_buffers.replay_buffer": ["ReplayBuffer", "BufferInfo"],

@@ -4,13 +4,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 
 from tfreplay import BufferInfo, PyUniformReplayBuffer, TFUniformReplayBuffer
 from tfreplay.rl.agents import DqnAgent, make_q_network
 from tfreplay.rl.drivers import StepDriver, Transition
 from tfreplay.rl.policies import RandomPolicy
 
+pytestmark = pytest.mark.keras  # run under tf-keras and again under Keras 3 (see the Makefile)
 OBS = tf.TensorSpec((4,), tf.float32)
 
 
@@ -30,7 +30,7 @@ def weights(model):
 
 @pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, PyUniformReplayBuffer])
 def test_a_short_training_run_lowers_the_loss_and_changes_the_q_network(buffer_cls):
-    tf_keras.utils.set_random_seed(0)
+    tf.keras.utils.set_random_seed(0)
     rb = filled_buffer(buffer_cls)
     # Targets only move every 10_000 steps: the loss is a regression loss and must fall.
     agent = DqnAgent(OBS, 2, make_q_network(OBS, 2, seed=0), target_update_period=10_000)
@@ -45,7 +45,7 @@ def test_a_short_training_run_lowers_the_loss_and_changes_the_q_network(buffer_c
 
 
 def linear_q_network(matrix):
-    model = tf_keras.Sequential([tf_keras.layers.Dense(len(matrix[0]), use_bias=False)])
+    model = tf.keras.Sequential([tf.keras.layers.Dense(len(matrix[0]), use_bias=False)])
     model.build([None, len(matrix)])
     model.set_weights([np.asarray(matrix, np.float32)])
     return model
@@ -58,7 +58,7 @@ def weighted_case(learning_rate: float = 0.1):
     Row 1: terminated, y = 2; Q(s, 0) = 3.
     """
     online = linear_q_network([[1.0, 2.0], [3.0, 0.5]])
-    agent = DqnAgent(tf.TensorSpec((2,), tf.float32), 2, online, tf_keras.optimizers.SGD(learning_rate), gamma=0.5)
+    agent = DqnAgent(tf.TensorSpec((2,), tf.float32), 2, online, tf.keras.optimizers.SGD(learning_rate), gamma=0.5)
     agent.target_q_network.set_weights([np.array([[10.0, 20.0], [30.0, 40.0]], np.float32)])
     eye = np.eye(2, dtype=np.float32)
     items = {
@@ -74,7 +74,7 @@ def weighted_case(learning_rate: float = 0.1):
 def test_the_loss_is_keras_huber_of_the_double_dqn_td_error():
     agent, items, errors = weighted_case(learning_rate=0.0)
     expected = np.mean(np.where(np.abs(errors) <= 1, 0.5 * errors**2, np.abs(errors) - 0.5))  # (13.5 + 0.5) / 2
-    keras_loss = tf_keras.losses.Huber()(np.zeros((2, 1), np.float32), errors[:, None].astype(np.float32))
+    keras_loss = tf.keras.losses.Huber()(np.zeros((2, 1), np.float32), errors[:, None].astype(np.float32))
     loss = float(agent.train(items).loss)
     np.testing.assert_allclose(loss, float(keras_loss), rtol=1e-6)
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
@@ -121,7 +121,7 @@ def test_weights_of_another_shape_are_rejected_before_training(bad):
 
 
 def test_the_target_network_is_updated_every_period():
-    tf_keras.utils.set_random_seed(1)
+    tf.keras.utils.set_random_seed(1)
     rb = filled_buffer(TFUniformReplayBuffer, 200)
     agent = DqnAgent(OBS, 2, make_q_network(OBS, 2, seed=1), target_update_period=3)
     samples = iter(rb.as_dataset(sample_batch_size=8))
@@ -158,7 +158,7 @@ def test_a_window_trains_exactly_as_its_first_step_alone():
     rb = filled_buffer(TFUniformReplayBuffer, 200)
     windows, _ = rb.get_next(sample_batch_size=16, num_steps=2)
     first_steps = tf.nest.map_structure(lambda x: x[:, 0], windows)
-    agents = [DqnAgent(OBS, 2, make_q_network(OBS, 2, seed=5), tf_keras.optimizers.SGD(0.1)) for _ in range(2)]
+    agents = [DqnAgent(OBS, 2, make_q_network(OBS, 2, seed=5), tf.keras.optimizers.SGD(0.1)) for _ in range(2)]
     losses = [float(agents[0].train(windows).loss), float(agents[1].train(first_steps).loss)]
     assert losses[0] == losses[1]
     for a, b in zip(weights(agents[0].q_network), weights(agents[1].q_network)):

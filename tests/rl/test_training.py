@@ -11,7 +11,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 
 from tfreplay import PyUniformReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 from tfreplay.rl import training
@@ -27,6 +26,7 @@ from tfreplay.rl.training import (
     train_dqn,
 )
 
+pytestmark = pytest.mark.keras  # run under tf-keras and again under Keras 3 (see the Makefile)
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
     num_env_steps=480,
@@ -406,7 +406,7 @@ def test_n_step_training_targets_are_the_n_step_returns_of_the_stored_episodes(b
         )
     config = DqnConfig(n_step=3, gamma=0.9)
     online = [[1.0, -2.0], [0.5, 3.0]]
-    agent = DqnAgent(spec.observation, 2, linear_q_network(online), tf_keras.optimizers.SGD(0.0), gamma=1.0)
+    agent = DqnAgent(spec.observation, 2, linear_q_network(online), tf.keras.optimizers.SGD(0.0), gamma=1.0)
     agent.target_q_network.set_weights([np.float32([[2.0, 1.0], [-1.0, 4.0]])])
     items, info = next(iter(experience_dataset(rb, 256, training.n_step_transform(config))))
     got = agent.train(items).abs_td_errors.numpy()
@@ -425,7 +425,7 @@ def test_n_step_training_targets_are_the_n_step_returns_of_the_stored_episodes(b
 
 
 def linear_q_network(matrix):
-    model = tf_keras.Sequential([tf_keras.layers.Dense(2, use_bias=False)])
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, use_bias=False)])
     model.build([None, 2])
     model.set_weights([np.asarray(matrix, np.float32)])
     return model

@@ -1,4 +1,4 @@
-"""A tf-keras Double-DQN agent that learns from a replay buffer's dataset.
+"""A Double-DQN agent (Keras 3 or tf-keras) that learns from a replay buffer's dataset.
 
     dataset = rb.as_dataset(sample_batch_size=64)  # single transitions: num_steps=None
     agent = DqnAgent(driver.transition_spec.observation, num_actions=2)
@@ -29,10 +29,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 import tensorflow as tf
-import tf_keras
 
 from tfreplay import BufferInfo
 from tfreplay._src import specs
+from tfreplay.keras import keras_module
 from tfreplay.rl.policies import EpsilonGreedyPolicy
 
 Nest = Any  # a tf.nest structure of tensors or arrays
@@ -60,23 +60,49 @@ def make_q_network(
     num_actions: int,
     fc_layer_params: Sequence[int] = (64, 64),
     seed: int | None = None,
-) -> tf_keras.Model:
-    """A built MLP from an observation to one Q-value per action.
+) -> Any:
+    """A built MLP from an observation to one Q-value per action, of the Keras `tf.keras` is.
 
     Args:
       observation_spec: spec of one (flat or flattenable) observation.
       num_actions: number of discrete actions.
       fc_layer_params: widths of the hidden ReLU layers.
       seed: seed of the weight initializers.
+
+    Returns:
+      A built `Sequential` of Keras 3, or of tf-keras when TensorFlow uses it
+      (`tfreplay.keras.keras_module()`).
     """
     specs.check_positive_int("make_q_network", "num_actions", num_actions)
-    init = lambda i: tf_keras.initializers.GlorotUniform(seed=None if seed is None else seed + i)  # noqa: E731
-    layers: list = [tf_keras.layers.Flatten()]
-    layers += [tf_keras.layers.Dense(w, "relu", kernel_initializer=init(i)) for i, w in enumerate(fc_layer_params)]
-    layers.append(tf_keras.layers.Dense(num_actions, kernel_initializer=init(len(fc_layer_params))))
-    model = tf_keras.Sequential(layers, name="q_network")
+    keras = keras_module()
+    init = lambda i: keras.initializers.GlorotUniform(seed=None if seed is None else seed + i)  # noqa: E731
+    layers: list = [keras.layers.Flatten()]
+    layers += [keras.layers.Dense(w, "relu", kernel_initializer=init(i)) for i, w in enumerate(fc_layer_params)]
+    layers.append(keras.layers.Dense(num_actions, kernel_initializer=init(len(fc_layer_params))))
+    model = keras.Sequential(layers, name="q_network")
     model.build([None] + observation_spec.shape.as_list())
     return model
+
+
+def _keras_of(q_network: Any, optimizer: Any) -> Any:
+    """The q_network's Keras, checked against the optimizer's: a Keras 3 model cannot take a tf-keras optimizer."""
+    try:
+        keras = keras_module(q_network)
+    except TypeError:
+        raise TypeError(
+            f"DqnAgent: q_network ({type(q_network).__name__}) must be a Keras model (Keras 3 or tf-keras)."
+        ) from None
+    try:
+        other = keras_module(optimizer) if optimizer is not None else keras
+    except TypeError:
+        other = keras  # not a Keras optimizer: anything with apply_gradients
+    if other is not keras:
+        raise TypeError(
+            f"DqnAgent: optimizer ({type(optimizer).__name__} of {other.__name__}) must be of the q_network's "
+            f"Keras ({keras.__name__} {keras.__version__}), e.g. "
+            "tfreplay.keras.keras_module(q_network).optimizers.Adam(1e-3)."
+        )
+    return keras
 
 
 def _field(items: Nest, name: str) -> Any:
@@ -109,23 +135,31 @@ class DqnAgent(tf.Module):
     Args:
       observation_spec: spec of one observation.
       num_actions: actions are int from 0 to `num_actions - 1`.
-      q_network: a built Keras model `[B, *obs] -> [B, num_actions]`; default
-        `make_q_network(observation_spec, num_actions)`.
-      optimizer: a tf-keras optimizer; default Adam(1e-3).
+      q_network: a built Keras model `[B, *obs] -> [B, num_actions]`, of
+        Keras 3 or tf-keras; default `make_q_network(observation_spec,
+        num_actions)`, of the Keras `tf.keras` is.
+      optimizer: an optimizer of the q_network's Keras; default Adam(1e-3)
+        of that Keras. The target network, the loss and the default optimizer
+        all come from the q_network's Keras, so the two are never mixed.
       gamma: discount factor applied to each item's `discount` (1.0 for
         `NStepReturns` items, which are discounted already).
       target_update_period: train steps between target updates.
       target_update_tau: weight of the online network in each update.
       gradient_clipping: clip the gradients' global norm to this, if set.
       train_step_counter: an int64 variable to count with; default a new one.
+
+    Raises:
+      TypeError: a q_network that is no Keras model, or an optimizer of the
+        other Keras (a Keras 3 model with a tf-keras optimizer, say).
+      ValueError: a bad number (`num_actions`, `gamma`, target updates).
     """
 
     def __init__(
         self,
         observation_spec: tf.TensorSpec,
         num_actions: int,
-        q_network: tf_keras.Model | None = None,
-        optimizer: tf_keras.optimizers.Optimizer | None = None,
+        q_network: Any = None,
+        optimizer: Any = None,
         gamma: float = 0.99,
         target_update_period: int = 100,
         target_update_tau: float = 1.0,
@@ -141,11 +175,12 @@ class DqnAgent(tf.Module):
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"DqnAgent: gamma ({gamma!r}) must be in [0, 1].")
         self.num_actions = int(num_actions)
-        self.q_network = q_network or make_q_network(observation_spec, num_actions)
-        self.target_q_network = tf_keras.models.clone_model(self.q_network)
+        self.q_network = q_network if q_network is not None else make_q_network(observation_spec, num_actions)
+        keras = _keras_of(self.q_network, optimizer)
+        self.target_q_network = keras.models.clone_model(self.q_network)
         self.target_q_network.build([None] + observation_spec.shape.as_list())
         self.target_q_network.set_weights(self.q_network.get_weights())
-        self.optimizer = optimizer or tf_keras.optimizers.Adam(1e-3)
+        self.optimizer = optimizer if optimizer is not None else keras.optimizers.Adam(1e-3)
         if hasattr(self.optimizer, "build"):  # slots exist now, so a checkpoint restores them at once
             self.optimizer.build(self.q_network.trainable_variables)
         self.train_step_counter = (
@@ -155,6 +190,7 @@ class DqnAgent(tf.Module):
         )
         self._gamma, self._period, self._tau = float(gamma), int(target_update_period), float(target_update_tau)
         self._clip = gradient_clipping
+        self._huber = keras.losses.huber
         self._train_fn = tf.function(self._train_step)
 
     def train(self, experience: Any, weights: Any = None) -> LossInfo:
@@ -232,7 +268,7 @@ class DqnAgent(tf.Module):
             td_errors = targets - chosen
             # Keras' Huber (delta 1) averages over the last axis: [batch, 1] gives one value per sample, which
             # the importance weights scale before the batch mean (a plain Huber mean would ignore them).
-            per_sample = tf_keras.losses.huber(targets[:, None], chosen[:, None])
+            per_sample = self._huber(targets[:, None], chosen[:, None])
             loss = tf.reduce_mean(weights * per_sample)
         grads = tape.gradient(loss, variables)
         if self._clip is not None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import tensorflow as tf
-import tf_keras
 
 from tfreplay import NStepReturns, ReplayBuffer, importance_weights
+from tfreplay.keras import keras_module
 from tfreplay.rl.agents import DqnAgent, LossInfo
 
 
@@ -28,7 +28,7 @@ def beta_schedule(config: Any) -> Callable[[Any], tf.Tensor]:
     variable), so a train step's `tf.function` computes beta in its graph.
     """
     span = max(config.num_env_steps - config.initial_collect_steps, 1)
-    decay = tf_keras.optimizers.schedules.PolynomialDecay(config.beta, span, 1.0, power=1.0)
+    decay = keras_module().optimizers.schedules.PolynomialDecay(config.beta, span, 1.0, power=1.0)
     return lambda env_steps: decay(tf.maximum(env_steps - config.initial_collect_steps, 0))
 
 

@@ -34,10 +34,10 @@ from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
-import tf_keras
 
 from tfreplay import ReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 from tfreplay._src import specs
+from tfreplay.keras import keras_module
 from tfreplay.rl import _optional
 from tfreplay.rl.agents import DqnAgent, LossInfo, make_q_network
 from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec
@@ -149,7 +149,7 @@ def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
     """
     if env_steps < config.initial_collect_steps:
         return 1.0  # random actions, and no TF op per step while the buffer fills
-    decay = tf_keras.optimizers.schedules.PolynomialDecay(
+    decay = keras_module().optimizers.schedules.PolynomialDecay(
         config.epsilon_start, max(config.epsilon_decay_steps, 1), config.epsilon_end, power=1.0
     )
     return float(decay(env_steps - config.initial_collect_steps))
@@ -207,7 +207,7 @@ def _learning_rate(config: DqnConfig) -> Any:
     if config.end_learning_rate is None:
         return config.learning_rate
     num_train_steps = (config.num_env_steps - config.initial_collect_steps) * config.train_steps_per_env_step
-    return tf_keras.optimizers.schedules.PolynomialDecay(
+    return keras_module().optimizers.schedules.PolynomialDecay(
         config.learning_rate, max(int(num_train_steps), 1), config.end_learning_rate, power=1.0
     )
 
@@ -231,7 +231,8 @@ class _Run:
 
     def __init__(self, config: DqnConfig):
         self.config = c = config
-        tf_keras.utils.set_random_seed(c.seed)
+        keras = keras_module()  # the Keras tf.keras is: network, optimizer and schedules all of it
+        keras.utils.set_random_seed(c.seed)
         self.env = make_vector_env(c.env_id, c.num_envs)
         self.env_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="env_steps")
         spec = transition_spec(self.env.single_observation_space, self.env.single_action_space)
@@ -241,7 +242,7 @@ class _Run:
             spec.observation,
             num_actions,
             q_network,
-            tf_keras.optimizers.Adam(_learning_rate(c)),
+            keras.optimizers.Adam(_learning_rate(c)),
             gamma=c.gamma if c.n_step == 1 else 1.0,  # n-step items are discounted by the transform
             target_update_period=c.target_update_period,
             target_update_tau=c.target_update_tau,
@@ -266,7 +267,7 @@ class _Run:
         )
         self.samples = iter(experience_dataset(self.buffer, c.batch_size, n_step_transform(c)))
         self.history: list[dict] = []
-        self.best_q_network = tf_keras.models.clone_model(q_network)
+        self.best_q_network = keras.models.clone_model(q_network)
         self.best_q_network.set_weights(q_network.get_weights())
         self.best_return = tf.Variable(-np.inf, dtype=tf.float64, trainable=False, name="best_return")
         self.checkpoint = tf.train.Checkpoint(
