@@ -28,8 +28,11 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials
 	$(PY) -m mypy tfreplay
 
+# The suite with every python block of README.md and docs/ (Sybil, the root conftest.py) under tf-keras, then the
+# Keras-touching tests (marked `keras`) again under Keras 3, current TensorFlow's default.
 test: $(STAMP) lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests README.md docs
+	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q -m keras tests
 
 # The tutorials' notebooks, written beside their jupytext percent scripts (tutorials/NN_topic.py -> .ipynb, not
 # committed, without outputs): open them in Jupyter or upload them to Colab.

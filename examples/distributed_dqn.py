@@ -24,17 +24,16 @@ import time
 from typing import Any, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # noqa: E402
 import ray  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
 import tfreplay  # noqa: E402
 from examples import cli  # noqa: E402
 from tfreplay import distributed  # noqa: E402
+from tfreplay.keras import keras_module  # noqa: E402
 from tfreplay.rl import collectors  # noqa: E402
 from tfreplay.rl.agents import DqnAgent, make_q_network  # noqa: E402
 from tfreplay.rl.drivers import make_vector_env, space_spec, transition_spec  # noqa: E402
@@ -127,7 +126,7 @@ class Learner:
         )  # fmt: skip
         net = make_q_network(spec.observation, num_actions, _FC, FLAGS.seed)
         self.agent = DqnAgent(
-            spec.observation, num_actions, q_network=net, optimizer=tf_keras.optimizers.Adam(5e-4),
+            spec.observation, num_actions, q_network=net, optimizer=keras_module(net).optimizers.Adam(5e-4),
             target_update_period=500, gradient_clipping=10.0,
         )  # fmt: skip
         self.store = ray.remote(collectors.WeightStore).options(num_cpus=0).remote()

@@ -88,9 +88,9 @@ with start_up_messages_held():
     import matplotlib.pyplot as plt
     import numpy as np
     import tensorflow as tf
-    import tf_keras
 
     import tfreplay
+    from tfreplay.keras import keras_module
     from tfreplay.rl.agents import DqnAgent, make_q_network
     from tfreplay.rl.drivers import StepDriver, make_vector_env
     from tfreplay.rl.observers import AverageReturn, StepsPerSecond
@@ -99,7 +99,7 @@ with start_up_messages_held():
 
     tf.config.list_physical_devices()  # finds the devices now, and with them their messages
 
-tf_keras.utils.set_random_seed(0)
+keras_module().utils.set_random_seed(0)  # the Keras tf.keras is: Keras 3, or tf-keras
 
 # %% [markdown]
 # ## The environments and the driver
@@ -158,7 +158,7 @@ agent = DqnAgent(
     spec.observation,
     num_actions=2,
     q_network=q_network,
-    optimizer=tf_keras.optimizers.Adam(config.learning_rate),
+    optimizer=keras_module(q_network).optimizers.Adam(config.learning_rate),
     gamma=config.gamma,
     target_update_period=config.target_update_period,
     gradient_clipping=config.gradient_clipping,
@@ -213,7 +213,7 @@ plt.show()
 #
 # `tfreplay.rl.training.train_dqn` is the loop above plus greedy evaluations every 2,500 steps (keeping the best
 # weights, and stopping early once one reaches CartPole's reward threshold of 475), checkpoints to resume from
-# (`output_dir=..., resume=True`), TensorBoard summaries and a progress bar. It is what `python -m examples.demo`
+# (`output_dir=..., resume=True`), TensorBoard summaries and a progress bar. It is what `tfreplay-demo` (`make demo`)
 # runs, and it is deterministic: the same seed gives the same run.
 
 # %%

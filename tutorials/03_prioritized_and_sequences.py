@@ -86,9 +86,9 @@ with start_up_messages_held():
     import matplotlib.pyplot as plt
     import numpy as np
     import tensorflow as tf
-    import tf_keras
 
     import tfreplay
+    from tfreplay.keras import keras_module
     from tfreplay.rl.agents import DqnAgent, make_q_network
     from tfreplay.rl.drivers import StepDriver, make_vector_env
     from tfreplay.rl.policies import RandomPolicy
@@ -96,7 +96,7 @@ with start_up_messages_held():
 
     tf.config.list_physical_devices()  # finds the devices now, and with them their messages
 
-tf_keras.utils.set_random_seed(0)
+keras_module().utils.set_random_seed(0)  # the Keras tf.keras is: Keras 3, or tf-keras
 
 # %% [markdown]
 # ## 1. Prioritized replay
@@ -240,7 +240,7 @@ for t, k in sorted(first.items()):
 #
 # The TD target is therefore `reward + discount * Q_target(next_observation, argmax)`, with no further `gamma`: an
 # agent that reads `NStepReturns` items is built with `gamma=1.0`. `train_dqn(n_step=3, prioritized=True)` (or
-# `python -m examples.demo --prioritized --n_step=3`) does all of this:
+# `tfreplay-demo --prioritized --n_step=3`) does all of this:
 
 # %%
 result = train_dqn(

@@ -1,7 +1,7 @@
 """An RL application over tfreplay's buffers: gymnasium drivers and observers, policies, a DQN agent, training.
 
-Needs the `rl` extra (`pip install "tfreplay[rl]"`: gymnasium, absl-py, and tf-keras for the legacy
-lane). Networks, optimizers and schedules are made with the Keras `tf.keras` is: Keras 3, or
+Needs the `rl` extra (`pip install ".[rl]"` in a checkout, or `"<wheel>[rl]"`: gymnasium, absl-py,
+and tf-keras for the legacy lane). Networks, optimizers and schedules are made with the Keras `tf.keras` is: Keras 3, or
 tf-keras when `TF_USE_LEGACY_KERAS=1` (see `tfreplay.keras.keras_module`); a `DqnAgent` takes a
 model of either and never mixes the two.
 Modules: `drivers` (StepDriver, EpisodeDriver over gymnasium vector envs),

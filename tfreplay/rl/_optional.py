@@ -2,7 +2,7 @@
 learning curve), all three in the `examples` extra.
 
 Each is imported when first used. Where one is missing the run goes on without it and says so once, in one
-line on stderr that names the package to install: `pip install "tfreplay[rl]"` is enough to train.
+line on stderr that names the package to install: the `rl` extra alone is enough to train.
 """
 
 from __future__ import annotations

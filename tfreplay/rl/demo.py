@@ -14,8 +14,8 @@ Writes checkpoints (agent + buffer), `history.json`, TensorBoard summaries and
 `TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
 train step); `--n_step=N` learns from N-step returns.
 
-Needs `pip install "tfreplay[rl]"`; the progress bar (tqdm), the summaries
-(tensorboard) and the plot (matplotlib) come with `tfreplay[examples]`, and
+Needs the `rl` extra (`pip install ".[rl]"` in a checkout, or `"<wheel>[rl]"`); the progress bar
+(tqdm), the summaries (tensorboard) and the plot (matplotlib) come with the `examples` extra, and
 without them the run says what it leaves out and goes on.
 """
 
