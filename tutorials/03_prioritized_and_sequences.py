@@ -96,7 +96,7 @@ with start_up_messages_held():
 
     tf.config.list_physical_devices()  # finds the devices now, and with them their messages
 
-keras_module().utils.set_random_seed(0)  # the Keras tf.keras is: Keras 3, or tf-keras
+keras_module().utils.set_random_seed(0)  # Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1
 
 # %% [markdown]
 # ## 1. Prioritized replay
