@@ -201,6 +201,7 @@ def test_every_damaged_checkpoint_is_refused_unchanged_or_restores_right_samples
                 np.testing.assert_array_equal(a, b, err_msg=f"{key} {name}")
         tf.train.Checkpoint(buffer=target).read(own)  # back to the target's own state
     assert refused > 10 and restored > 0, (refused, restored)
+    print(f"{kind}: {len(cases)} damaged checkpoints, {refused} refused unchanged, {restored} restored right")  # -s
 
 
 @pytest.mark.parametrize("kind", ["tf-uniform", "py-uniform", "tf-episodes", "py-episodes"])
