@@ -33,7 +33,7 @@ from tfreplay.rate_limiting import (
     SampleToInsertRatio,
 )
 from tfreplay.samplers import PrioritizedSampler, UniformSampler
-from tfreplay.transforms import NStepReturns, Sequences, Transform, sequence_priorities
+from tfreplay.transforms import HindsightRelabel, NStepReturns, Sequences, Transform, sequence_priorities
 
 __version__ = "0.1.0"
 
@@ -44,6 +44,7 @@ __all__ = [
     "EpisodeRule",
     "ExpReplay",
     "ExperienceReplay",
+    "HindsightRelabel",
     "MinSize",
     "NStepReturns",
     "PrioritizedSampler",

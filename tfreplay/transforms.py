@@ -1,5 +1,8 @@
 """Transforms: what a sample becomes, computed from windows of items at sample time.
 
+`NStepReturns`, `Sequences` and `HindsightRelabel` (goal relabeling, HER) are
+the library's.
+
 `buffer.get_next(sample_batch_size=B, transform=t)` and
 `buffer.as_dataset(sample_batch_size=B, transform=t)` draw windows of
 `t.num_steps` items with the buffer's own sampler and storage, then return
@@ -30,6 +33,14 @@ The interface, all a new transform needs (one class):
   one step only, `"first"` (the window's first item) or `"last"` (its last
   real one): the buffer reads those there alone and passes them `[B, ...]`.
   Reading less is faster; by default every field comes whole.
+* `lookups(item_spec)` and `choose(span, uniform, ops)` (optional): leaf
+  paths read at one more step of each window's episode (`HindsightRelabel`'s
+  achieved goals). `choose` gets a `Span` (stored items of the first item's
+  episode before and after it, and whether its last item is stored) and a
+  uniform random source, and returns `[B]` offsets from the first item with
+  a `[B]` bool `use`; `__call__` then gets a fourth argument, a
+  `Lookup(values, use)`. Such transforms need a row buffer with episode
+  boundaries.
 
 On a buffer whose items mark episode boundaries (`step_type`, `first`,
 `terminated`, `truncated`, or an `EpisodeRule`) windows follow episodes
@@ -49,7 +60,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src.hindsight import HindsightRelabel as HindsightRelabel
 from tfreplay._src.specs import Nest
+from tfreplay._src.transform import Lookup as Lookup
+from tfreplay._src.transform import Span as Span
 from tfreplay._src.transform import Transform, Window, _fields, _get, _replace, pad
 
 

@@ -147,7 +147,8 @@ class WindowPlanner:
         (rows, mask, last, last_rows), segment, t, ids, probs, count = self.sample(
             req.size, req.n, draw, view, req.padded
         )
-        return sample.compiled_plan(parts, segment, t, rows, mask, last, last_rows, req), ids, probs, count
+        read_plan = sample.compiled_plan(parts, segment, t, rows, mask, last, last_rows, req)
+        return sample.with_lookups(parts, view(), req, read_plan, ids), ids, probs, count
 
 
 def planner(parts: Parts) -> WindowPlanner | None:

@@ -226,3 +226,26 @@ def same_episode(pos: Any, ops: Any) -> Any:
     `window_mask`, a padded window's mask.
     """
     return pos - pos[:, :1] == ops.arange(pos.shape[1])[None, :]
+
+
+def span(segment: Any, t: Any, num_adds: Any, pos_at: Callable, max_length: int, ops: Any) -> tuple[Any, Any, Any]:
+    """`(before, after, next_stored)` of items at local id `t` of `segment` (`[B]` each): how many stored items
+    of each one's episode come before it and after it, and whether an item after its episode's stored end is
+    stored (so it starts another episode: the episode has ended).
+
+    Items `t + k` of `t`'s episode are those with `pos[t + k] == pos[t] + k`, which holds for every `k` up to
+    the episode's last stored item and for none after it, so `after` is found by bisection over the stored
+    items after `t`: `log2(max_length)` gathers of `pos`, never a scan and never past the write head.
+    """
+    num_segments = num_adds.shape[0]
+    adds = ops.gather(num_adds, segment)
+    min_id = adds - ops.minimum(adds, max_length)
+    pos = pos_at(ring.rows_of(t, segment, max_length, num_segments))
+    before = ops.minimum(pos, t - min_id)
+    newest = adds - 1 - t  # the most items after `t` that can be stored
+    lo, hi = ops.zeros_like(newest), newest
+    for _ in range((max_length - 1).bit_length()):  # each round at least halves hi - lo
+        mid = (lo + hi + 1) // 2
+        same = pos_at(ring.rows_of(t + mid, segment, max_length, num_segments)) == pos + mid
+        lo, hi = ops.where(same, mid, lo), ops.where(same, hi, mid - 1)
+    return before, lo, lo < newest

@@ -97,6 +97,7 @@ class Request:
       padded: windows may run past their episode's end (a transform's).
       steps: per leaf, the step a transform reads it at (`transform.leaf_steps`); empty: whole windows.
       key: names this kind of sample (traced functions are kept per key).
+      lookups: leaf paths the transform reads at one more step of each window's episode (`lookups.py`).
     """
 
     size: int
@@ -109,6 +110,7 @@ class Request:
     padded: bool
     steps: tuple
     key: str
+    lookups: tuple = ()
 
 
 def index_state(make: Callable, num_segments: int, capacity: int) -> dict:

@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfreplay._src import episodes, ring, specs
+from tfreplay._src import episodes, lookups, ring, specs
 from tfreplay._src import transform as transforms
 from tfreplay._src.api import BufferInfo
 from tfreplay._src.parts import Parts, Request
@@ -34,8 +34,9 @@ def request(
     specs.check_positive_int(where, "sample_batch_size", sample_batch_size, allow_none=True)
     specs.check_positive_int(where, "num_steps", num_steps, allow_none=True)
     steps: tuple = ()
+    looked: tuple = ()
     if transform is not None:
-        steps = _check_transform(parts, where, num_steps, transform)
+        steps, looked = _check_transform(parts, where, num_steps, transform)
     longest = max_window(parts)
     if num_steps is not None and num_steps > longest:
         extra = " - 1" if parts.storage.window.lead else ""
@@ -57,11 +58,12 @@ def request(
     key = f"{sample_batch_size}/{num_steps}/{time_stacked}/{transform!r}"
     size = 1 if sample_batch_size is None else int(sample_batch_size)
     batched = sample_batch_size is not None
-    return Request(size, batched, num_steps, n, time_stacked, transform, window, padded, steps, key)
+    return Request(size, batched, num_steps, n, time_stacked, transform, window, padded, steps, key, looked)
 
 
-def _check_transform(parts: Parts, where: str, num_steps: Any, transform: Any) -> tuple:
-    """Refuses a transform this buffer cannot serve, before anything is drawn; its leaves' steps."""
+def _check_transform(parts: Parts, where: str, num_steps: Any, transform: Any) -> tuple[tuple, tuple]:
+    """Refuses a transform this buffer cannot serve, before anything is drawn; its leaves' steps and the
+    leaves it looks up at other steps of the episode."""
     if not isinstance(transform, transforms.Transform):
         raise TypeError(
             f"{where}: transform ({transform!r}) must be a tfreplay.transforms.Transform "
@@ -88,7 +90,10 @@ def _check_transform(parts: Parts, where: str, num_steps: Any, transform: Any) -
             f"{type(parts.sampler).__name__} does not draw."
         )
     transform.output_spec(parts.storage.item_spec)  # raises on fields it cannot use
-    return tuple(transforms.leaf_steps(transform, parts.storage.item_spec))
+    looked = tuple(transform.lookups(parts.storage.item_spec))
+    if looked:
+        lookups.check(parts, where, transform, looked)
+    return tuple(transforms.leaf_steps(transform, parts.storage.item_spec)), looked
 
 
 def empty_message(parts: Parts, where: str, req: Request) -> str:
@@ -119,9 +124,30 @@ def plan(parts: Parts, view: View, req: Request) -> tuple[Any, Any, Any, Any]:
 
     With a transform the windows are its own (`req.n` items, strict or
     padded), the plan carries their `[size, n]` mask (and where its fields are
-    read at one step, those steps' rows) and the ids are each window's first
+    read at one step, those steps' rows; where it looks up other steps of the
+    episode, their rows: `with_lookups`) and the ids are each window's first
     item's. Compiled planners (`compiled_windows.py`) return the same plan.
     """
+    read_plan, ids, probs, count = _plan(parts, view, req)
+    return with_lookups(parts, view, req, read_plan, ids), ids, probs, count
+
+
+def with_lookups(parts: Parts, view: View, req: Request, read_plan: Any, ids: Any) -> Any:
+    """The read plan of windows with first items `ids`, and the rows of a transform's lookups (`lookups.py`)."""
+    return (read_plan, lookups.plan(parts, view, req, ids)) if req.lookups else read_plan
+
+
+def rows_read(read_plan: Any, req: Request) -> Any:
+    """The storage rows a read plan reads (a TF read is checked against writes to them: `versioned.py`)."""
+    if req.transform is None:
+        return read_plan
+    if req.lookups:
+        (windows, *_), (rows, _, end_rows) = read_plan
+        return windows, rows, end_rows
+    return read_plan[0]
+
+
+def _plan(parts: Parts, view: View, req: Request) -> tuple[Any, Any, Any, Any]:
     ops, layout, n = parts.ops, (parts.max_length, parts.num_segments), req.n
     segment, t, probs, count = parts.sampler.sample(view, req.size, req.num_steps if req.transform is None else n)
     pos_at = parts.pos_at if parts.rule is not None else None
@@ -160,10 +186,19 @@ def compiled_plan(parts: Parts, segment: Any, t: Any, rows: Any, mask: Any, last
 
 
 def read(parts: Parts, read_plan: Any, req: Request) -> Any:
-    """The bulk read of a plan: items, or with a transform `(items, mask)`."""
+    """The bulk read of a plan: items, or with a transform `(items, mask)` (and a `Lookup` with lookups)."""
     ops = parts.ops
     if req.transform is None:
         return parts.storage.read(read_plan, req.num_steps, ops)
+    if req.lookups:  # the windows, then what the transform looks up
+        read_plan, looked = read_plan
+        return (*_read_windows(parts, read_plan, req), lookups.read(parts, looked, req))
+    return _read_windows(parts, read_plan, req)
+
+
+def _read_windows(parts: Parts, read_plan: Any, req: Request) -> tuple[Any, Any]:
+    """A transform's windows and their mask."""
+    ops = parts.ops
     read_plan, mask, *at = read_plan
     if len(at) == 1:  # padded whole windows: which stored items are steps of the first's episode
         mask = mask & episodes.same_episode(parts.pos_at(at[0]), ops)
@@ -177,8 +212,8 @@ def package(items: Any, ids: Any, probs: Any, req: Request, ops: Any, split: boo
     """Applies a transform (outside the lock), drops the batch axis of an unbatched sample and, with `split`,
     makes a tuple of steps where `req` asks for one (`split_steps`)."""
     if req.transform is not None:
-        items, mask = items
-        items = req.transform(items, mask, ops)
+        items, mask, *looked = items  # with lookups, a `Lookup` after the mask
+        items = req.transform(items, mask, ops, *looked)
     if not req.batched:
         items, ids, probs = tf.nest.map_structure(lambda x: x[0], (items, ids, probs))
     if split and req.num_steps is not None and not req.time_stacked:

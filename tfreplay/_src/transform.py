@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import collections.abc
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
@@ -27,6 +27,33 @@ class Window(NamedTuple):
 
     items: Any
     mask: Any
+
+
+class Span(NamedTuple):
+    """Where each window's first item stands in its episode, among the stored items (`Transform.choose`).
+
+    Attributes:
+      before: `[B]` int64: stored items of its episode before it (older ones may be overwritten).
+      after: `[B]` int64: stored items of its episode after it (never past the write head).
+      ended: `[B]` bool: whether its episode's last item is stored (the `after`-th one after it): an end
+        field marks it, or the next stored item starts another episode.
+    """
+
+    before: Any
+    after: Any
+    ended: Any
+
+
+class Lookup(NamedTuple):
+    """What a transform read at one more step of each window's episode (`Transform.lookups`).
+
+    Attributes:
+      values: `{path: [B, ...]}`: the leaves `lookups` named, at the steps `choose` picked.
+      use: `[B]` bool, as `choose` returned it.
+    """
+
+    values: dict
+    use: Any
 
 
 class Transform(abc.ABC):
@@ -46,6 +73,16 @@ class Transform(abc.ABC):
     def steps(self, item_spec: Nest) -> dict[str, str]:
         """Top-level fields read at one step only, `{name: "first" or "last"}`; see the module docstring."""
         return {}
+
+    def lookups(self, item_spec: Nest) -> tuple[str, ...]:
+        """Leaf paths read at one more step of each window's episode, which `choose` picks; none by default."""
+        return ()
+
+    def choose(self, span: Span, uniform: Callable[[list], Any], ops: Any) -> tuple[Any, Any]:
+        """`(offset, use)` for transforms with `lookups`: `[B]` int64 steps from each window's first item, in
+        `[-span.before, span.after]`, and `[B]` bool passed on as `Lookup.use`. `uniform(shape)` draws float64
+        in `[0, 1)` from the buffer's random source (so a seed and a checkpoint cover it)."""
+        raise NotImplementedError(f"{type(self).__name__}: lookups() names fields, so choose() must pick steps.")
 
 
 def pad(items: Nest, mask: Any, ops: Any) -> Nest:

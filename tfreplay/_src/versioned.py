@@ -119,7 +119,7 @@ def _draw_and_read(parts: Parts, twin: Any, req: Request) -> tuple:
         draw = twin.eager.get(f"plan/{req.key}", draw, jit_compile=True)
     read_plan, ids, probs, count, num_adds = draw()
     items = samples.read(parts, read_plan, req)
-    return (items, ids, probs, count), read_plan if req.transform is None else read_plan[0], num_adds
+    return (items, ids, probs, count), samples.rows_read(read_plan, req), num_adds
 
 
 def retried(parts: Parts, twin: Any, read: Callable[[], tuple], like: Any, where: str, strict: bool = False) -> Any:
