@@ -60,8 +60,9 @@ class HindsightRelabel(Transform):
       reward: path of the reward replaced by `reward_fn`'s.
 
     Example:
-      `her = HindsightRelabel(lambda achieved, desired: -tf.reduce_any(achieved != desired, -1))`, then
-      `buffer.get_next(sample_batch_size=256, transform=her)`.
+      `reached = lambda achieved, desired: tf.cast(tf.reduce_all(achieved == desired, -1), tf.float32) - 1`,
+      then `buffer.get_next(sample_batch_size=256, transform=HindsightRelabel(reached))` (a TF buffer: 0 where
+      the goal is reached, else -1).
     """
 
     reward_fn: Callable[[Any, Any], Any]
