@@ -145,8 +145,11 @@ class MemmapFiles:
         if names != sorted(ram):
             raise ValueError(f"{here}: the manifest's state ({_short(names)}) must be {sorted(ram)}.")
         values = {name: self._load_state(here, name, manifest["state"][name], ram[name]) for name in ram}
-        rng_state = _rng_state(manifest.get("rng"), rng)
-        counts = limiter_counts(manifest, parts.capacity)
+        try:  # the generator's state and the limiter's counts, checked as a checkpoint's are
+            rng_state = _rng_state(manifest.get("rng"), rng)
+            counts = limiter_counts(manifest, parts.capacity)
+        except ValueError as err:
+            raise ValueError(f"{here}: the manifest does not hold a buffer's state: {err}") from None
         self._undo(here, parts.capacity)  # the rows as flushed, before the state is checked against them
         try:
             state.check(parts, {**values, **self.arrays})
@@ -162,7 +165,10 @@ class MemmapFiles:
         if not isinstance(entry, dict) or {k: entry.get(k) for k in want} != want:
             raise ValueError(f"{here}: the manifest's state {name} ({_short(entry)}) must be {want}.")
         if "values" in entry:
-            return _like(entry["values"], like, f"state {name}")
+            try:
+                return _like(entry["values"], like, f"state {name}")
+            except ValueError as err:
+                raise ValueError(f"{here}: the manifest does not hold a buffer's state: {err}") from None
         file = entry.get("file")
         path = os.path.join(self.path, file) if isinstance(file, str) and _own_file(file.split("/")[0]) else None
         try:
@@ -316,9 +322,7 @@ def _own_file(name: str) -> bool:
 def _placeholder(shape: list, kind: np.dtype) -> np.ndarray:
     """Zeros in anonymous memory the kernel fills only when touched: what stands in for a refused file."""
     size = max(int(np.prod(shape)) * kind.itemsize, 1)
-    return np.frombuffer(mmap.mmap(-1, size), np.uint8)[: int(np.prod(shape)) * kind.itemsize].view(kind).reshape(
-        shape
-    )
+    return np.frombuffer(mmap.mmap(-1, size), np.uint8)[: int(np.prod(shape)) * kind.itemsize].view(kind).reshape(shape)
 
 
 def _save_synced(path: str, array: np.ndarray) -> None:

@@ -16,10 +16,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import compiled_windows, sample, specs, write
-from tfreplay._src.memmap import MemmapFiles
 from tfreplay._src.api import BufferInfo
 from tfreplay._src.checkpoint import state
 from tfreplay._src.checkpoint.numpy_state import NumpyState
+from tfreplay._src.memmap import MemmapFiles
 from tfreplay._src.ops import NUMPY_OPS
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.rate_limiter import EmptyBufferError
