@@ -73,7 +73,7 @@ def hot(root: str, repeats: int, block: float) -> list[tuple[str, float, float]]
         batch = rows(32, 7)
         for case in cases:
             if case.startswith("add_batch"):
-                calls = [Bench(lambda rb=rb: rb.add_batch(batch)) for rb in (disk, ram)]
+                calls = [Bench(lambda rb=rb, batch=batch: rb.add_batch(batch)) for rb in (disk, ram)]
             else:
                 size = int(case[len("get_next(") : -1])
                 calls = [Bench(lambda rb=rb, size=size: rb.get_next(size)) for rb in (disk, ram)]
