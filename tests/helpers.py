@@ -9,7 +9,8 @@ or from each other; `conftest.py` holds only fixtures.
   model of frame replay that stacks frames from the whole stream.
 * `Kind`: how the contract suite drives one buffer class (items, decoding,
   which ids may be drawn, the documented sample spec); `KINDS` has all eight
-  public buffers (uniform, frame, prioritized and prioritized frame; TF and NumPy).
+  public buffers (uniform, frame, prioritized and prioritized frame; TF and NumPy),
+  and three NumPy ones again with their items in memory-mapped files (`storage_dir`).
 * `Api`: one buffer's methods eagerly, inside `tf.function`, or through
   `as_dataset` (`MODES`); it returns NumPy.
 """
@@ -503,6 +504,26 @@ class PrioritizedFrameKind(FrameKind):
         return rf"num_steps \({num_steps}\) must be None or 1 when windows stay inside episodes"
 
 
+class MemmapKind:
+    """A NumPy kind whose buffers keep their items in memory-mapped files, each in its own new directory."""
+
+    def make(self, batch_size, max_length, seed=0, data_spec=None, **kwargs):
+        kwargs.setdefault("storage_dir", tempfile.mkdtemp(dir=_NEW_STATES.name))
+        return super().make(batch_size, max_length, seed, data_spec, **kwargs)
+
+
+class UniformMemmapKind(MemmapKind, UniformKind):
+    pass
+
+
+class PrioritizedMemmapKind(MemmapKind, PrioritizedKind):
+    pass
+
+
+class FrameMemmapKind(MemmapKind, FrameKind):
+    pass
+
+
 KINDS = {
     "tf-uniform": UniformKind("tf-uniform", TFUniformReplayBuffer),
     "py-uniform": UniformKind("py-uniform", PyUniformReplayBuffer),
@@ -512,8 +533,12 @@ KINDS = {
     "py-prioritized": PrioritizedKind("py-prioritized", PyPrioritizedReplayBuffer),
     "tf-prioritized-frame": PrioritizedFrameKind("tf-prioritized-frame", TFPrioritizedFrameReplayBuffer),
     "py-prioritized-frame": PrioritizedFrameKind("py-prioritized-frame", PyPrioritizedFrameReplayBuffer),
+    "py-uniform-memmap": UniformMemmapKind("py-uniform-memmap", PyUniformReplayBuffer),
+    "py-prioritized-memmap": PrioritizedMemmapKind("py-prioritized-memmap", PyPrioritizedReplayBuffer),
+    "py-frame-memmap": FrameMemmapKind("py-frame-memmap", PyFrameReplayBuffer),
 }
-_KIND_OF_CLASS = {kind.cls: kind for kind in KINDS.values()}
+# A buffer's own kind (the memmap kinds share their classes with the in-RAM ones).
+_KIND_OF_CLASS = {kind.cls: kind for name, kind in KINDS.items() if not name.endswith("-memmap")}
 
 _SHARED: dict = {}  # (kind, batch_size, max_length) -> (buffer, its checkpoint, the path of its new state)
 _APIS: dict = {}

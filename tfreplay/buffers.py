@@ -18,6 +18,7 @@ a new sampler or storage passed the same way (see `tfreplay.compose`).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import tensorflow as tf
@@ -164,6 +165,14 @@ class PyUniformReplayBuffer(Buffer):
     max_length=L)` (B segments; each batch must have B rows). Thread-safe.
     `get_next` and `gather_all` return NumPy arrays; `as_dataset` yields
     tensors. Checkpointable with `tf.train.Checkpoint`.
+
+    With `storage_dir=path` the items live in memory-mapped files in that
+    directory, so the buffer may be larger than RAM (the page cache keeps
+    the rows in use). `flush()` (and `close()`) makes every add so far
+    durable; building the buffer again on the directory resumes it from its
+    last flush without copying, after checking it holds a buffer of this
+    spec and layout. Every NumPy buffer takes `storage_dir`
+    (see the memmap guide).
     """
 
     size = NUMPY_MEMBERS["size"]
@@ -183,11 +192,12 @@ class PyUniformReplayBuffer(Buffer):
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
         rate_limiter: RateLimiter | None = None,
+        storage_dir: str | os.PathLike | None = None,
     ):
         segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            NumpyTwin(seed, lockstep),
+            NumpyTwin(seed, lockstep, storage_dir),
             batch_size=segments,
             max_length=length,
             sampler=UniformSampler(within_episodes),
@@ -297,11 +307,12 @@ class PyFrameReplayBuffer(Buffer):
         stateful_dataset: bool = False,
         name: str = "PyFrameReplayBuffer",
         rate_limiter: RateLimiter | None = None,
+        storage_dir: str | os.PathLike | None = None,
     ):
         segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            NumpyTwin(seed, lockstep),
+            NumpyTwin(seed, lockstep, storage_dir),
             batch_size=segments,
             max_length=length,
             storage=frames(history_len),
@@ -388,7 +399,7 @@ class PyPrioritizedReplayBuffer(Buffer):
     """The NumPy twin of `TFPrioritizedReplayBuffer`.
 
     Built as `(data_spec, capacity)` (one ring) or `(data_spec, batch_size=B, max_length=L)`, like
-    `PyUniformReplayBuffer`.
+    `PyUniformReplayBuffer`; `storage_dir` keeps the items in memory-mapped files, as there.
     """
 
     update_priorities = update_priorities
@@ -408,11 +419,12 @@ class PyPrioritizedReplayBuffer(Buffer):
         within_episodes: bool = False,
         episode_rule: EpisodeRule | str | None = "auto",
         rate_limiter: RateLimiter | None = None,
+        storage_dir: str | os.PathLike | None = None,
     ):
         segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            NumpyTwin(seed, lockstep),
+            NumpyTwin(seed, lockstep, storage_dir),
             batch_size=segments,
             max_length=length,
             sampler=PrioritizedSampler(alpha, within_episodes),
@@ -509,11 +521,12 @@ class PyPrioritizedFrameReplayBuffer(Buffer):
         stateful_dataset: bool = False,
         name: str = "PyPrioritizedFrameReplayBuffer",
         rate_limiter: RateLimiter | None = None,
+        storage_dir: str | os.PathLike | None = None,
     ):
         segments, length, lockstep = numpy_layout(type(self).__name__, capacity, batch_size, max_length)
         super().__init__(
             data_spec,
-            NumpyTwin(seed, lockstep),
+            NumpyTwin(seed, lockstep, storage_dir),
             batch_size=segments,
             max_length=length,
             storage=frames(history_len),

@@ -291,7 +291,18 @@ INTERRUPTED_CALLS = [
     for name in ([] if kind.prioritized else READS + ["num_transitions"] * bool(kind.history_len))
     + ["add_batch"]
     + ["update_priorities"] * kind.prioritized
-    for TORN in [{("add_batch", "py-frame"), ("add_batch", "py-prioritized"), ("add_batch", "py-prioritized-frame")}]
+    for TORN in [
+        {
+            ("add_batch", name)
+            for name in (
+                "py-frame",
+                "py-prioritized",
+                "py-prioritized-frame",
+                "py-frame-memmap",
+                "py-prioritized-memmap",
+            )
+        }
+    ]
 ]
 
 

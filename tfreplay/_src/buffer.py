@@ -145,6 +145,18 @@ class Buffer(ReplayBuffer):
             lambda: parts.sampler.mass(parts.view(req.window, False, twin.draw, twin.uniform, twin.ops.read), num_steps)
         )
 
+    def flush(self) -> None:
+        """Makes every add so far durable: a NumPy buffer with a `storage_dir` writes its mapped files back and
+        a new manifest (after a crash, reopening the directory resumes here). Other buffers have nothing to write.
+        """
+        self._twin.flush()
+
+    def close(self) -> None:
+        """Ends the buffer's service (see `ReplayBuffer.close`); a buffer with a `storage_dir` flushes and frees
+        the directory for another buffer to open."""
+        super().close()
+        self._twin.close()
+
     def checkpoint_layout(self) -> dict:
         """What a checkpoint must match to restore into this buffer (see `checkpoint/layout.py`)."""
         parts = self._parts

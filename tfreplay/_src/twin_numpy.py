@@ -19,6 +19,7 @@ from tfreplay._src import compiled_windows, sample, specs, write
 from tfreplay._src.api import BufferInfo
 from tfreplay._src.checkpoint import state
 from tfreplay._src.checkpoint.numpy_state import NumpyState
+from tfreplay._src.memmap import MemmapFiles
 from tfreplay._src.ops import NUMPY_OPS
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.rate_limiter import EmptyBufferError
@@ -65,18 +66,22 @@ class NumpyTwin:
     Args:
       seed: of the sampling generator (`np.random.default_rng`); None: TF's global seed if set.
       lockstep: each add holds one item per segment (`batch_size` rows); False: one ring, any number of rows.
+      storage_dir: a directory for the items as memory-mapped files (see `memmap.py`): a new or empty one,
+        or one a buffer of the same layout flushed, which it resumes. None: items in RAM.
     """
 
     ops = NUMPY_OPS
     is_tf = False
 
-    def __init__(self, seed: Any = None, lockstep: bool = True):
+    def __init__(self, seed: Any = None, lockstep: bool = True, storage_dir: Any = None):
         self.rng = np.random.default_rng(resolve_seed(seed))
         self.lock = threading.Lock()
         self.lockstep = bool(lockstep)
         self.arrays: dict[str, np.ndarray] = {}
         self._views: dict = {}
         self._planner: Any = _UNSET  # the compiled window plan: looked up on first use
+        self.files = None if storage_dir is None else MemmapFiles(storage_dir)
+        self._flush: Callable[[], None] = lambda: None
 
     def module_name(self, name: str) -> str:
         return name
@@ -88,6 +93,9 @@ class NumpyTwin:
     def make(self, name: str, shape: list, dtype: tf.DType) -> np.ndarray:
         """A zero-filled array, part of the checkpoint; aligned to a cache line, as TF aligns tensors (the sum
         tree's 8-child nodes then take one line each)."""
+        if self.files is not None and name.startswith("storage/"):
+            self.arrays[name] = array = self.files.make(name, shape, dtype)
+            return array
         kind = np.dtype(dtype.as_numpy_dtype)
         if kind.hasobject:  # strings: Python objects, never read by address
             array = np.zeros(shape, kind)
@@ -121,6 +129,24 @@ class NumpyTwin:
         buffer._numpy_state = NumpyState(
             self.lock, arrays, self.rng, layout=layout, gate=gate, stored=stored, check=lambda v: state.check(parts, v)
         )
+        files = self.files
+        if files is not None:
+            ram = {k: a for k, a in self.arrays.items() if k not in files.arrays}
+            files.attach(type(buffer).__name__, parts, layout, ram, self.rng, gate)
+            self._flush = lambda: files.flush(parts, layout, ram, self.rng, gate)
+
+    def flush(self) -> None:
+        """Makes the storage directory a snapshot of the buffer now (nothing to do in RAM)."""
+        if self.files is not None and self.files.is_open:
+            with self.lock:
+                self._flush()
+
+    def close(self) -> None:
+        """A last flush, then the storage directory is free for another buffer to open."""
+        if self.files is not None and self.files.is_open:
+            with self.lock:
+                self._flush()
+                self.files.release()
 
     def variables(self) -> tuple:
         return ()
@@ -137,7 +163,13 @@ class NumpyTwin:
             num_new = 1 if self.lockstep else arrays[0].shape[0]  # one ring: rows in order
             segments, count = None, num_new * parts.num_segments
         if num_new:
-            run = lambda: write.write(parts, arrays, num_new, segments)  # noqa: E731
+            files = self.files
+
+            def run() -> Any:
+                if files is not None:  # the flushed rows this add overwrites, kept until the next flush
+                    files.save_rows(parts, num_new, segments)
+                return write.write(parts, arrays, num_new, segments)
+
             gate.call(where, "insert", count, run, self.exclusive)
 
     def get_next(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:

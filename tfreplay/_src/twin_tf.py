@@ -220,6 +220,12 @@ class TFTwin:
         with tf.device(self.device), tf.name_scope(self.scope):
             self.counters = versioned.Counters(num_segments, max_length)
 
+    def flush(self) -> None:
+        """Nothing to write: the state lives in variables (checkpoint them to keep it)."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
     def checkpoint_state(self, buffer: Any, layout: dict, gate: Any, stored: Callable[[], Any]) -> None:
         """Attaches what a `tf.train.Checkpoint` saves, under the names format 1 gave them: the variables (the
         ring's and the index's also by their own names), the generator and the layout record. The write

@@ -86,33 +86,33 @@ def layout(data_spec: Nest, batch_size: int, max_length: int, history_len: int |
     }
 
 
-def check_layout(saved: Any, expected: dict) -> None:
-    """Raises `ValueError` naming the first field where `saved` differs from `expected`."""
+def check_layout(saved: Any, expected: dict, where: str = _WHERE, source: str = "checkpoint") -> None:
+    """Raises `ValueError` naming the first field where `saved` differs from `expected` (`where` and `source`
+    name the call and what holds the record: a checkpoint, or a storage directory's manifest)."""
     if not isinstance(saved, dict) or "format" not in saved:
-        raise ValueError(
-            f"{_WHERE}: the checkpoint's layout record ({_short(saved)}) must be a tfreplay layout record."
-        )
+        raise ValueError(f"{where}: the {source}'s layout record ({_short(saved)}) must be a tfreplay layout record.")
     if not _same(saved["format"], FORMAT_VERSION):
         raise ValueError(
-            f"{_WHERE}: the checkpoint's format ({_short(saved['format'])}) must be {FORMAT_VERSION}; "
+            f"{where}: the {source}'s format ({_short(saved['format'])}) must be {FORMAT_VERSION}; "
             "it was written by another tfreplay version."
         )
     for field in _FIELDS:
-        _check_field(field, saved.get(field), expected.get(field))
+        _check_field(field, saved.get(field), expected.get(field), where, source)
     leaves = saved.get("leaves")
-    _check_field("leaves", list(leaves) if isinstance(leaves, dict) else leaves, list(expected["leaves"]))
+    got_paths = list(leaves) if isinstance(leaves, dict) else leaves
+    _check_field("leaves", got_paths, list(expected["leaves"]), where, source)
     assert isinstance(leaves, dict)  # the check above compared its keys
     for path, want in expected["leaves"].items():
         got = leaves[path] if isinstance(leaves[path], dict) else {}
         for key in ("dtype", "shape"):
-            _check_field(f"{key} of {path}", got.get(key), want[key])
+            _check_field(f"{key} of {path}", got.get(key), want[key], where, source)
     if expected.get("index_newest") and "index_newest" not in saved:  # last: everything else matches
         raise ValueError(
-            f"{_WHERE}: the checkpoint's episode index must keep each segment's newest item (index_newest); "
+            f"{where}: the {source}'s episode index must keep each segment's newest item (index_newest); "
             "it was written by an earlier tfreplay, whose index lacks it. Restore it with that version, or "
             "refill the buffer."
         )
-    _check_field("index_newest", saved.get("index_newest"), expected.get("index_newest"))
+    _check_field("index_newest", saved.get("index_newest"), expected.get("index_newest"), where, source)
 
 
 def limiter_counts(saved: Any, capacity: int) -> dict[str, int] | None:
@@ -132,11 +132,11 @@ def limiter_counts(saved: Any, capacity: int) -> dict[str, int] | None:
     return {k: counts[k] for k in keys}
 
 
-def _check_field(field: str, saved: Any, mine: Any) -> None:
+def _check_field(field: str, saved: Any, mine: Any, where: str = _WHERE, source: str = "checkpoint") -> None:
     if not _same(saved, mine):
         raise ValueError(
-            f"{_WHERE}: the checkpoint's {field} ({_short(saved)}) must equal this buffer's ({_short(mine)}); "
-            "restore into a buffer built with the checkpoint's layout."
+            f"{where}: the {source}'s {field} ({_short(saved)}) must equal this buffer's ({_short(mine)}); "
+            f"{'restore into' if source == 'checkpoint' else 'open it with'} a buffer built with the {source}'s layout."
         )
 
 
