@@ -1,4 +1,4 @@
-"""Install tfreplay: `pip install .` (add `[rl]`, `[examples]`, `[ray]`, `[test]`, `[bench]` or `[dev]`)."""
+"""Install tfreplay: `pip install .` (add `[rl]`, `[examples]`, `[ray]`, `[datasets]`, `[test]`, `[bench]` or `[dev]`)."""
 
 import importlib.util
 import pathlib
@@ -69,6 +69,7 @@ class OptionalBuildExt(build_ext):
 RL = ["gymnasium>=1.0", "tf-keras>=2.15", "absl-py>=1.0"]  # tfreplay.rl: drivers, agents, training
 EXAMPLES = RL + ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
 RAY = ["ray==2.60.0"]  # tfreplay.distributed, the sharded replay service (imported only there)
+DATASETS = ["tensorflow-datasets>=4.9"]  # tfreplay.datasets: RLDS in and out (imported only there)
 TEST = (
     [
         "pytest>=7",
@@ -85,6 +86,7 @@ TEST = (
     ]
     + EXAMPLES
     + RAY
+    + DATASETS
 )
 
 setup(
@@ -109,6 +111,7 @@ setup(
         "test": TEST,
         "examples": EXAMPLES,
         "ray": RAY,
+        "datasets": DATASETS,
         "bench": ["cpprb>=10.7"],  # benchmarks/prioritized.py compares against its PrioritizedReplayBuffer
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "mkdocs-jupyter>=0.24"],
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],

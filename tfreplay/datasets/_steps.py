@@ -1,0 +1,153 @@
+"""RLDS steps to transitions and back, one episode at a time, on NumPy arrays.
+
+An RLDS episode is a sequence of steps `(observation, action, reward,
+discount, is_first, is_last, is_terminal, ...)`. Two conventions are in use:
+
+* `"envlogger"`: step `k` holds the action taken in `observation[k]` and the
+  reward and discount that followed; a finished episode ends with one more
+  step holding only the final observation, whose action and reward are not
+  a transition. `T` transitions take `T + 1` steps.
+* `"d4rl"`: every step is a transition, the `is_last` one too; the final
+  observation is not stored. `T` transitions take `T` steps.
+
+A transition here uses the names of `tfreplay.rl.drivers.Transition`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+CONVENTIONS = ("envlogger", "d4rl")
+MARKS = ("is_first", "is_last", "is_terminal")
+# The transition fields built from the RLDS fields; every other step field keeps its own name.
+BUILT = ("observation", "next_observation", "step_type", "first", "terminated", "truncated")
+STEP_TYPE_FIRST, STEP_TYPE_MID = 0, 1
+
+
+def detect(steps: dict) -> str | None:
+    """The convention of a finished episode's steps, or None when this episode cannot tell.
+
+    An envlogger episode's `is_last` step carries no transition, so its action,
+    reward and discount are zeros (what envlogger writes); any nonzero value
+    there means the step is a real one (`"d4rl"`).
+    """
+    if not len(steps["is_last"]) or not steps["is_last"][-1]:
+        return None
+    tail = [np.asarray(steps[name][-1]) for name in ("action", "reward", "discount") if name in steps]
+    return "envlogger" if all(not np.any(value) for value in tree_leaves(tail)) else "d4rl"
+
+
+def to_transitions(steps: dict, convention: str, needs_next: bool) -> dict:
+    """The transitions of one episode's steps (`[n, ...]` arrays by RLDS name) as `[T, ...]` arrays.
+
+    `needs_next`: the caller stores `next_observation`. A `"d4rl"` episode has
+    no observation after its last step: when it terminated, that step keeps its
+    own observation as `next_observation` (its discount makes it unused); when
+    it was truncated, the step cannot bootstrap, so it is left out and the step
+    before it ends the episode, truncated.
+    """
+    n = len(steps["is_last"])
+    ended, terminal = bool(n and steps["is_last"][-1]), bool(n and steps["is_terminal"][-1])
+    observation = steps["observation"]
+    if convention == "envlogger":
+        num = max(n - 1, 0)
+        following = _slice(observation, 1, n)
+    else:
+        num = n if (not needs_next or (ended and terminal)) else max(n - 1, 0)
+        following = _slice(observation, 1, n)
+        if num == n and n:
+            following = _concat(following, _slice(observation, n - 1, n))
+    out = {name: _slice(value, 0, num) for name, value in steps.items() if name not in MARKS}
+    out["observation"] = _slice(observation, 0, num)
+    if needs_next:
+        out["next_observation"] = _slice(following, 0, num)
+    first = np.zeros([num], bool)
+    if num and bool(steps["is_first"][0]):
+        first[0] = True
+    end = np.zeros([num], bool)
+    if num and ended:
+        end[-1] = True
+    out["first"] = first
+    out["step_type"] = np.where(first, STEP_TYPE_FIRST, STEP_TYPE_MID).astype(np.int32)
+    out["terminated"] = end & terminal
+    out["truncated"] = end & (not terminal)
+    return out
+
+
+def to_frame_rows(transitions: dict) -> dict:
+    """Frame-buffer rows (`frame_data_spec`) of one episode's transitions: the first frame, then one per step."""
+    num = len(transitions["first"])
+    if not num:
+        return {}
+    rows: dict[str, Any] = {"frame": _concat(_slice(transitions["observation"], 0, 1), transitions["next_observation"])}
+    rows["first"] = np.concatenate([[bool(transitions["first"][0])], np.zeros([num], bool)])
+    for name, value in transitions.items():
+        if name not in BUILT:
+            rows[name] = _concat(_zeros_like(_slice(value, 0, 1)), value)
+    for name in ("terminated", "truncated"):
+        rows[name] = np.concatenate([[False], transitions[name]])
+    return rows
+
+
+def to_steps(transitions: dict, convention: str, terminal: bool) -> dict:
+    """The RLDS steps (by RLDS name) of one finished episode's transitions; the inverse of `to_transitions`."""
+    num = len(tree_leaves(transitions["observation"])[0])
+    kept = {name: value for name, value in transitions.items() if name not in BUILT}
+    if convention == "envlogger":
+        steps = {name: _concat(value, _zeros_like(_slice(value, 0, 1))) for name, value in kept.items()}
+        steps["observation"] = _concat(transitions["observation"], _slice(transitions["next_observation"], -1, None))
+        num += 1
+    else:
+        steps = dict(kept, observation=transitions["observation"])
+    steps["is_first"] = np.arange(num) == 0
+    steps["is_last"] = np.arange(num) == num - 1
+    steps["is_terminal"] = steps["is_last"] & terminal
+    return steps
+
+
+def tree_leaves(nest: Any) -> list:
+    if isinstance(nest, dict):
+        return [leaf for value in nest.values() for leaf in tree_leaves(value)]
+    if isinstance(nest, (list, tuple)):
+        return [leaf for value in nest for leaf in tree_leaves(value)]
+    return [nest]
+
+
+def _map(fn: Any, *nests: Any) -> Any:
+    first = nests[0]
+    if isinstance(first, dict):
+        return {key: _map(fn, *(nest[key] for nest in nests)) for key in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(_map(fn, *parts) for parts in zip(*nests))
+    return fn(*nests)
+
+
+def _slice(nest: Any, start: int, stop: int | None) -> Any:
+    return _map(lambda value: value[start:stop], nest)
+
+
+def _concat(a: Any, b: Any) -> Any:
+    return _map(lambda x, y: np.concatenate([x, y]), a, b)
+
+
+def _zeros_like(nest: Any) -> Any:
+    return _map(np.zeros_like, nest)
+
+
+def concat_all(parts: list) -> Any:
+    return _map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def leaf_paths(nest: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """`(path, leaf)` pairs in `tf.nest.flatten` order: sorted dict keys, named-tuple fields, tuple indices."""
+    if isinstance(nest, dict) or hasattr(nest, "keys"):
+        named = [(str(key), nest[key]) for key in sorted(nest)]
+    elif hasattr(nest, "_fields"):
+        named = [(key, getattr(nest, key)) for key in nest._fields]
+    elif isinstance(nest, (list, tuple)):
+        named = [(str(i), value) for i, value in enumerate(nest)]
+    else:
+        return [(prefix, nest)]
+    return [pair for key, value in named for pair in leaf_paths(value, f"{prefix}/{key}" if prefix else key)]
