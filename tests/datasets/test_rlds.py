@@ -163,8 +163,11 @@ def test_to_items_maps_fields(envlogger_dir):
     spec = {"obs": OBS, "r": tf.TensorSpec([], tf.float64), "first": tf.TensorSpec([], tf.bool)}
 
     def to_items(transitions, metadata):
-        return {"obs": transitions["observation"], "r": transitions["reward"].astype(np.float64),
-                "first": transitions["first"]}
+        return {
+            "obs": transitions["observation"],
+            "r": transitions["reward"].astype(np.float64),
+            "first": transitions["first"],
+        }
 
     rb = tfreplay.PyUniformReplayBuffer(spec, capacity=20, within_episodes=True, seed=0)
     datasets.load_rlds(envlogger_dir, rb, to_items=to_items)
@@ -179,16 +182,18 @@ def make_buffer_with_episodes(buffer):
     for length, terminal in [(3, True), (4, False), (2, True), (2, None)]:
         for k in range(length):
             end = k == length - 1 and terminal is not None
-            buffer.add_batch({
-                "observation": np.full([1, 2], t, np.float32),
-                "next_observation": np.full([1, 2], t + 1, np.float32),
-                "action": np.array([t], np.int32),
-                "reward": np.array([t / 2], np.float32),
-                "discount": np.array([0.0 if end and terminal else 1.0], np.float32),
-                "step_type": np.array([0 if k == 0 else 1], np.int32),
-                "terminated": np.array([end and bool(terminal)]),
-                "truncated": np.array([end and not terminal]),
-            })
+            buffer.add_batch(
+                {
+                    "observation": np.full([1, 2], t, np.float32),
+                    "next_observation": np.full([1, 2], t + 1, np.float32),
+                    "action": np.array([t], np.int32),
+                    "reward": np.array([t / 2], np.float32),
+                    "discount": np.array([0.0 if end and terminal else 1.0], np.float32),
+                    "step_type": np.array([0 if k == 0 else 1], np.int32),
+                    "terminated": np.array([end and bool(terminal)]),
+                    "truncated": np.array([end and not terminal]),
+                }
+            )
             t += 1
         t += 1  # the next episode starts from a fresh observation
     return buffer
@@ -246,7 +251,9 @@ def test_writer_observer_writes_each_episode_when_it_ends_and_appends(tmp_path):
     rows = {k: v[0] for k, v in gathered(source).items()}
     with datasets.RldsWriter(directory, SPEC) as writer:
         for t in range(len(rows["action"])):  # two environments: the same stream, shifted by 100 in env 1
-            batch = {k: np.stack([v[t], v[t] + (100 if k in ("action", "observation") else 0)]) for k, v in rows.items()}
+            batch = {
+                k: np.stack([v[t], v[t] + (100 if k in ("action", "observation") else 0)]) for k, v in rows.items()
+            }
             writer(batch)
             if t == 2:
                 assert writer.num_episodes == 2  # both environments ended their first episode
@@ -285,11 +292,17 @@ def test_wrong_dtype_is_named(envlogger_dir):
 
 
 def test_a_directory_of_another_layout_is_refused(tmp_path):
-    features = tfds.features.FeaturesDict({"image": tfds.features.Tensor(shape=(2,), dtype=np.uint8),
-                                           "label": tfds.features.Tensor(shape=(), dtype=np.int64)})
+    features = tfds.features.FeaturesDict(
+        {
+            "image": tfds.features.Tensor(shape=(2,), dtype=np.uint8),
+            "label": tfds.features.Tensor(shape=(), dtype=np.int64),
+        }
+    )
     directory = write_with_tfds(str(tmp_path / "images"), [{"image": np.zeros(2, np.uint8), "label": 1}], features)
     rb = tfreplay.PyUniformReplayBuffer(SPEC, capacity=20)
-    with pytest.raises(ValueError, match=r"must hold RLDS episodes, dicts with a 'steps' dataset; .*\['image', 'label'\]"):
+    with pytest.raises(
+        ValueError, match=r"must hold RLDS episodes, dicts with a 'steps' dataset; .*\['image', 'label'\]"
+    ):
         datasets.load_rlds(directory, rb)
     with pytest.raises(ValueError, match=r"must be a TFDS dataset directory"):
         datasets.load_rlds(str(tmp_path), rb)

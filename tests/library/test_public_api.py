@@ -19,6 +19,7 @@ SNAPSHOT = pathlib.Path(__file__).with_name("api_snapshot.json")
 NAMESPACES = {
     "tfreplay": None,  # its __all__
     "tfreplay.keras": None,
+    "tfreplay.datasets": None,
     "tfreplay.compat.tf_agents": None,
     "tfreplay.compat.tf_agents.replay_buffers": None,
     "tfreplay.compat.tf_agents.replay_buffers.replay_buffer": ["ReplayBuffer", "BufferInfo"],

@@ -204,7 +204,9 @@ def _check_items(spec: Nest, items: Nest) -> None:
         tf.nest.assert_same_structure(spec, items, check_types=False)
     except (TypeError, ValueError) as err:
         raise TypeError(f"{WHERE}: to_items must return the buffer's spec structure: {err}") from None
-    given = tf.nest.map_structure(lambda s, x: tf.TensorSpec(np.shape(x)[1:], tf.as_dtype(np.asarray(x).dtype)), spec, items)
+    given = tf.nest.map_structure(
+        lambda s, x: tf.TensorSpec(np.shape(x)[1:], tf.as_dtype(np.asarray(x).dtype)), spec, items
+    )
     for name in _top_fields(spec):
         _check_leaves(name, _field(spec, name), _field(given, name), "to_items gives")
 
@@ -243,7 +245,9 @@ def _select(spec: Nest, values: dict) -> Nest:
         return tf.nest.pack_sequence_as(field, [by_path[p] for p, _ in _steps.leaf_paths(field)])
 
     packed = {name: pack(name) for name in _top_fields(spec)}
-    return type(spec)(**packed) if hasattr(spec, "_fields") else type(spec)(packed) if type(spec) is not dict else packed
+    return (
+        type(spec)(**packed) if hasattr(spec, "_fields") else type(spec)(packed) if type(spec) is not dict else packed
+    )
 
 
 def _episodes(dataset: tf.data.Dataset, meta_spec: dict, chunk_size: int) -> Iterator[tuple[dict, dict]]:
@@ -254,7 +258,8 @@ def _episodes(dataset: tf.data.Dataset, meta_spec: dict, chunk_size: int) -> Ite
         return episode["steps"].batch(chunk_size).map(lambda steps: (index, metadata, steps))
 
     pending: list = []
-    current, pending_meta = None, {}
+    current: Any = None
+    pending_meta: dict = {}
     for index, metadata, steps in dataset.enumerate().flat_map(chunks).prefetch(2).as_numpy_iterator():
         if pending and index != current:
             yield _steps.concat_all(pending), pending_meta
@@ -304,7 +309,7 @@ class _Spreader:
             self.pending[b] = [rest] if waiting[b] > num else []
         rows = tf.nest.map_structure(lambda *xs: np.stack(xs, axis=1), *heads)  # [num, batch_size, ...]
         for t in range(num):
-            self.buffer.add_batch(tf.nest.map_structure(lambda x: x[t], rows))
+            self.buffer.add_batch(tf.nest.map_structure(lambda x, t=t: x[t], rows))
         self.num_written += num * len(heads)
 
     def num_left_out(self) -> int:

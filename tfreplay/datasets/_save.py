@@ -66,15 +66,16 @@ def save_rlds(
             f"{where}: buffer ({type(buffer).__name__}) must store episode boundaries: a 'step_type' or 'first' "
             "field, 'terminated'/'truncated', or an EpisodeRule."
         )
-    writer = _Directory(where, directory, buffer.data_spec, convention, episode_fields, split, append, name,
-                        max_episodes_per_shard)
+    writer = _Directory(
+        where, directory, buffer.data_spec, convention, episode_fields, split, append, name, max_episodes_per_shard
+    )
     stored, num_adds = _stored_rows(buffer)
     items = _as_dicts(tf.nest.map_structure(np.asarray, stored))
     segment_full = [n >= buffer.max_length for n in np.asarray(num_adds)]
     count = 0
     try:
         for b, full in enumerate(segment_full):
-            segment = {key: _steps._map(lambda x: x[b], value) for key, value in items.items()}
+            segment = {key: _steps.map_nest(lambda x, b=b: x[b], value) for key, value in items.items()}
             for episode, terminal in _split(segment, rule, full):
                 writer.write(episode, terminal)
                 count += 1
@@ -126,8 +127,9 @@ class RldsWriter:
         fields = _as_dicts(data_spec)
         if not any(end in fields for end in ("terminated", "truncated")):
             raise ValueError(f"{where}: data_spec must have a bool 'terminated' or 'truncated' field to end episodes.")
-        self._directory = _Directory(where, directory, data_spec, convention, episode_fields, split, append, name,
-                                     max_episodes_per_shard)
+        self._directory = _Directory(
+            where, directory, data_spec, convention, episode_fields, split, append, name, max_episodes_per_shard
+        )
         self._has_start = "first" in fields or "step_type" in fields
         self._pending: list[list[dict]] = []
         self.num_episodes = 0
@@ -138,7 +140,7 @@ class RldsWriter:
         if not self._pending:
             self._pending = [[] for _ in range(size)]
         for b in range(size):
-            row = {key: _steps._map(lambda x: x[b : b + 1], value) for key, value in batch.items()}
+            row = {key: _steps.slice_nest(value, b, b + 1) for key, value in batch.items()}
             if self._starts(row):
                 self._pending[b] = [row]
             elif self._pending[b] or not self._has_start:  # an episode whose start was not seen is not written
@@ -188,8 +190,10 @@ class _Directory:
                 raise ValueError(f"{where}: the spec has no {field!r} field, which convention {convention!r} needs.")
         for field in episode_fields:
             if field not in fields or field in _steps.BUILT:
-                raise ValueError(f"{where}: episode_fields ({field!r}) must name a field of the spec other than "
-                                 f"{', '.join(_steps.BUILT)}.")
+                raise ValueError(
+                    f"{where}: episode_fields ({field!r}) must name a field of the spec other than "
+                    f"{', '.join(_steps.BUILT)}."
+                )
         path = os.fspath(directory)
         exists = os.path.isfile(os.path.join(path, "dataset_info.json"))
         if exists and not append:
@@ -216,7 +220,7 @@ class _Directory:
         self._split = split
 
     def write(self, transitions: dict, terminal: bool) -> None:
-        example = {k: _steps._map(lambda x: x[0], transitions[k]) for k in self.episode_fields}
+        example = {k: _steps.map_nest(lambda x: x[0], transitions[k]) for k in self.episode_fields}
         kept = {k: v for k, v in transitions.items() if k not in self.episode_fields}
         example["steps"] = _steps.to_steps(kept, self.convention, terminal)
         self._writer.add_examples({self._split: [example]})
@@ -277,7 +281,7 @@ def _split(segment: dict, rule: Any, full: bool) -> list[tuple[dict, bool]]:
         ended = bool(ends[stop - 1]) or (stop < length and rule.start is not None)
         if not ended:
             continue
-        episode = {k: _steps._map(lambda x: x[begin:stop], v) for k, v in segment.items()}
+        episode = {k: _steps.slice_nest(v, begin, stop) for k, v in segment.items()}
         if "terminated" in episode:
             terminal = bool(episode["terminated"][-1])
         else:

@@ -53,16 +53,16 @@ def to_transitions(steps: dict, convention: str, needs_next: bool) -> dict:
     observation = steps["observation"]
     if convention == "envlogger":
         num = max(n - 1, 0)
-        following = _slice(observation, 1, n)
+        following = slice_nest(observation, 1, n)
     else:
         num = n if (not needs_next or (ended and terminal)) else max(n - 1, 0)
-        following = _slice(observation, 1, n)
+        following = slice_nest(observation, 1, n)
         if num == n and n:
-            following = _concat(following, _slice(observation, n - 1, n))
-    out = {name: _slice(value, 0, num) for name, value in steps.items() if name not in MARKS}
-    out["observation"] = _slice(observation, 0, num)
+            following = concat_nest(following, slice_nest(observation, n - 1, n))
+    out = {name: slice_nest(value, 0, num) for name, value in steps.items() if name not in MARKS}
+    out["observation"] = slice_nest(observation, 0, num)
     if needs_next:
-        out["next_observation"] = _slice(following, 0, num)
+        out["next_observation"] = slice_nest(following, 0, num)
     first = np.zeros([num], bool)
     if num and bool(steps["is_first"][0]):
         first[0] = True
@@ -81,11 +81,12 @@ def to_frame_rows(transitions: dict) -> dict:
     num = len(transitions["first"])
     if not num:
         return {}
-    rows: dict[str, Any] = {"frame": _concat(_slice(transitions["observation"], 0, 1), transitions["next_observation"])}
+    frame = concat_nest(slice_nest(transitions["observation"], 0, 1), transitions["next_observation"])
+    rows: dict[str, Any] = {"frame": frame}
     rows["first"] = np.concatenate([[bool(transitions["first"][0])], np.zeros([num], bool)])
     for name, value in transitions.items():
         if name not in BUILT:
-            rows[name] = _concat(_zeros_like(_slice(value, 0, 1)), value)
+            rows[name] = concat_nest(_zeros_like(slice_nest(value, 0, 1)), value)
     for name in ("terminated", "truncated"):
         rows[name] = np.concatenate([[False], transitions[name]])
     return rows
@@ -96,8 +97,9 @@ def to_steps(transitions: dict, convention: str, terminal: bool) -> dict:
     num = len(tree_leaves(transitions["observation"])[0])
     kept = {name: value for name, value in transitions.items() if name not in BUILT}
     if convention == "envlogger":
-        steps = {name: _concat(value, _zeros_like(_slice(value, 0, 1))) for name, value in kept.items()}
-        steps["observation"] = _concat(transitions["observation"], _slice(transitions["next_observation"], -1, None))
+        steps = {name: concat_nest(value, _zeros_like(slice_nest(value, 0, 1))) for name, value in kept.items()}
+        final = slice_nest(transitions["next_observation"], -1, None)
+        steps["observation"] = concat_nest(transitions["observation"], final)
         num += 1
     else:
         steps = dict(kept, observation=transitions["observation"])
@@ -115,29 +117,29 @@ def tree_leaves(nest: Any) -> list:
     return [nest]
 
 
-def _map(fn: Any, *nests: Any) -> Any:
+def map_nest(fn: Any, *nests: Any) -> Any:
     first = nests[0]
     if isinstance(first, dict):
-        return {key: _map(fn, *(nest[key] for nest in nests)) for key in first}
+        return {key: map_nest(fn, *(nest[key] for nest in nests)) for key in first}
     if isinstance(first, (list, tuple)):
-        return type(first)(_map(fn, *parts) for parts in zip(*nests))
+        return type(first)(map_nest(fn, *parts) for parts in zip(*nests))
     return fn(*nests)
 
 
-def _slice(nest: Any, start: int, stop: int | None) -> Any:
-    return _map(lambda value: value[start:stop], nest)
+def slice_nest(nest: Any, start: int, stop: int | None) -> Any:
+    return map_nest(lambda value: value[start:stop], nest)
 
 
-def _concat(a: Any, b: Any) -> Any:
-    return _map(lambda x, y: np.concatenate([x, y]), a, b)
+def concat_nest(a: Any, b: Any) -> Any:
+    return map_nest(lambda x, y: np.concatenate([x, y]), a, b)
 
 
 def _zeros_like(nest: Any) -> Any:
-    return _map(np.zeros_like, nest)
+    return map_nest(np.zeros_like, nest)
 
 
 def concat_all(parts: list) -> Any:
-    return _map(lambda *xs: np.concatenate(xs), *parts)
+    return map_nest(lambda *xs: np.concatenate(xs), *parts)
 
 
 def leaf_paths(nest: Any, prefix: str = "") -> list[tuple[str, Any]]:
