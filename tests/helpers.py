@@ -10,7 +10,7 @@ or from each other; `conftest.py` holds only fixtures.
 * `Kind`: how the contract suite drives one buffer class (items, decoding,
   which ids may be drawn, the documented sample spec); `KINDS` has all eight
   public buffers (uniform, frame, prioritized and prioritized frame; TF and NumPy),
-  and three NumPy ones again with their items in memory-mapped files (`storage_dir`).
+  and the four NumPy ones again with their items in memory-mapped files (`storage_dir`).
 * `Api`: one buffer's methods eagerly, inside `tf.function`, or through
   `as_dataset` (`MODES`); it returns NumPy.
 """
@@ -524,6 +524,10 @@ class FrameMemmapKind(MemmapKind, FrameKind):
     pass
 
 
+class PrioritizedFrameMemmapKind(MemmapKind, PrioritizedFrameKind):
+    pass
+
+
 KINDS = {
     "tf-uniform": UniformKind("tf-uniform", TFUniformReplayBuffer),
     "py-uniform": UniformKind("py-uniform", PyUniformReplayBuffer),
@@ -536,6 +540,9 @@ KINDS = {
     "py-uniform-memmap": UniformMemmapKind("py-uniform-memmap", PyUniformReplayBuffer),
     "py-prioritized-memmap": PrioritizedMemmapKind("py-prioritized-memmap", PyPrioritizedReplayBuffer),
     "py-frame-memmap": FrameMemmapKind("py-frame-memmap", PyFrameReplayBuffer),
+    "py-prioritized-frame-memmap": PrioritizedFrameMemmapKind(
+        "py-prioritized-frame-memmap", PyPrioritizedFrameReplayBuffer
+    ),
 }
 # A buffer's own kind (the memmap kinds share their classes with the in-RAM ones).
 _KIND_OF_CLASS = {kind.cls: kind for name, kind in KINDS.items() if not name.endswith("-memmap")}

@@ -357,3 +357,26 @@ def test_streaming_memory_is_bounded_by_the_buffer_not_the_dataset():
     assert peak < dataset_bytes / 4, (peak, dataset_bytes)  # a few episodes at a time, not the dataset
     newest = rb.gather_all()["observation"][0, -1, 0]
     assert newest == (num_episodes - 1) * 1000 + length - 1
+
+
+@pytest.mark.parametrize("kind", ["TFFrameReplayBuffer", "TFPrioritizedFrameReplayBuffer"])
+def test_tf_frame_buffers_get_the_numpy_twins_rows(envlogger_dir, kind):
+    spec = dict(tfreplay.frame_data_spec((2,)), frame=OBS)
+    spec["action"] = tf.TensorSpec([], tf.int32)
+    numpy_twin = tfreplay.PyFrameReplayBuffer(spec, capacity=20, history_len=1, seed=0)
+    datasets.load_rlds(envlogger_dir, numpy_twin)
+    rb = getattr(tfreplay, kind)(spec, batch_size=1, max_length=20, history_len=1)
+    datasets.load_rlds(envlogger_dir, rb)
+    assert int(rb.num_transitions()) == 7
+    tf.nest.map_structure(
+        lambda want, got: np.testing.assert_array_equal(np.asarray(got).reshape(np.shape(want)), want),
+        numpy_twin.gather_all(),
+        rb.gather_all(),
+    )
+
+
+def test_tf_prioritized_buffer_loads_every_episode_whole(envlogger_dir):
+    rb = tfreplay.TFPrioritizedReplayBuffer(SPEC, batch_size=1, max_length=20)
+    info = datasets.load_rlds(envlogger_dir, rb)
+    assert info.num_items == int(rb.num_frames()) == 7
+    np.testing.assert_array_equal(gathered(rb)["action"].reshape(-1), [0, 1, 2, 10, 11, 12, 13])

@@ -300,6 +300,7 @@ INTERRUPTED_CALLS = [
                 "py-prioritized-frame",
                 "py-frame-memmap",
                 "py-prioritized-memmap",
+                "py-prioritized-frame-memmap",
             )
         }
     ]

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -223,3 +224,79 @@ def test_a_killed_writer_loses_only_unflushed_rows(cls, capacity, tmp_path):
     rb.add_batch(make_items(np.arange(last, last + 3)))  # and it carries on from there
     assert decode(rb.gather_all())[0, -3:].tolist() == [last, last + 1, last + 2]
     rb.close()
+
+
+BIG = {"id": tf.TensorSpec([], tf.int64), "pad": tf.TensorSpec([512], tf.float32)}  # 2 KB rows: copies take a while
+
+
+def big_items(ids):
+    ids = np.asarray(ids, np.int64)
+    return {"id": ids, "pad": np.repeat(ids[:, None], 512, axis=1).astype(np.float32)}
+
+
+def stored_ids(rb):
+    items = rb.gather_all()
+    ids = np.asarray(items["id"]).reshape(-1)
+    np.testing.assert_array_equal(np.asarray(items["pad"]).reshape(len(ids), -1)[:, -1], ids)  # no torn row
+    return ids.tolist()
+
+
+RESTORER = textwrap.dedent(
+    """
+    import sys, time
+    import tensorflow as tf
+    sys.path[:0] = [{root!r}]
+    from tfreplay import PyUniformReplayBuffer
+    BIG = {{"id": tf.TensorSpec([], tf.int64), "pad": tf.TensorSpec([512], tf.float32)}}
+    rb = PyUniformReplayBuffer(BIG, {capacity}, storage_dir={path!r})
+    checkpoint = tf.train.Checkpoint(buffer=rb)
+    for cycle in range({cycles}):
+        for prefix in {prefixes!r}:
+            checkpoint.read(prefix).assert_consumed()
+            print("restored", prefix, flush=True)
+    time.sleep(600)  # killed here when the cycles end: the last restore must reopen
+    """
+)
+
+
+def run_killed(script, lines_before_kill, delay):
+    """Runs `script`, SIGKILLs it `delay` seconds after its `lines_before_kill`-th line; returns the lines."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        while len(lines) < lines_before_kill:
+            line = proc.stdout.readline()
+            assert line, f"the script ended early: {lines}"
+            lines.append(line.split()[-1])
+        time.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    return lines
+
+
+def test_a_restore_is_flushed_and_a_crash_during_one_reopens_a_whole_state(tmp_path):
+    """Restores alternate between two checkpoints in a process killed at random points: the directory reopens
+    as a whole state (the last flush or a checkpoint, never rows of both), and a finished restore is durable."""
+    capacity = 4000
+    states = {}
+    for name, first in (("a", 0), ("b", 10_000)):
+        ram = PyUniformReplayBuffer(BIG, capacity)
+        ram.add_batch(big_items(np.arange(first, first + capacity)))
+        states[tf.train.Checkpoint(buffer=ram).write(str(tmp_path / name))] = list(range(first, first + capacity))
+    path = str(tmp_path / "memmap")
+    rb = PyUniformReplayBuffer(BIG, capacity, storage_dir=path)
+    rb.add_batch(big_items(np.arange(50_000, 50_000 + capacity)))
+    rb.close()
+    whole = [list(range(50_000, 50_000 + capacity)), *states.values()]
+    fmt = dict(root=ROOT, capacity=capacity, path=path, prefixes=list(states))
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # killed somewhere inside a restore
+        run_killed(RESTORER.format(cycles=10**6, **fmt), 1 + int(rng.integers(0, 4)), rng.uniform(0, 0.05))
+        again = PyUniformReplayBuffer(BIG, capacity, storage_dir=path)
+        assert stored_ids(again) in whole
+        again.close()
+    last = run_killed(RESTORER.format(cycles=1, **fmt), len(states), 0)[-1]  # killed after its last restore
+    assert stored_ids(PyUniformReplayBuffer(BIG, capacity, storage_dir=path)) == states[last]

@@ -184,16 +184,27 @@ class MemmapFiles:
         """Appends to the undo log the flushed contents of the rows an add is about to overwrite (each row once
         per flush): reopening after a crash puts them back."""
         rows = _rows_of_add(parts, num_new, segments)
-        rows = rows[self._counted[rows] & ~self._saved[rows]]
+        self._save(rows[self._counted[rows] & ~self._saved[rows]])
+
+    def save_every_row(self) -> None:
+        """Before a checkpoint restore overwrites every row: the flushed rows not saved yet go to the undo log,
+        so a crash during the copy reopens the last flush, not a mix of it and the checkpoint."""
+        self._save(np.flatnonzero(self._counted & ~self._saved))
+
+    def _save(self, rows: np.ndarray) -> None:
         if not rows.size:
             return
-        self._saved[rows] = True
         if self._undo_fd is None:
             path = os.path.join(self.path, f"undo-{self.generation}.log")
             self._undo_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        chunks = [np.array([rows.size], np.int64).tobytes(), rows.astype(np.int64).tobytes()]
-        chunks += [np.ascontiguousarray(a[rows]).tobytes() for a in self.arrays.values()]
-        _write_all(self._undo_fd, b"".join(chunks))
+        row_bytes = sum(a[0].nbytes for a in self.arrays.values())
+        step = max(1, (64 << 20) // max(row_bytes, 1))  # records of at most about 64 MB: RAM stays bounded
+        for start in range(0, rows.size, step):
+            block = rows[start : start + step]
+            chunks = [np.array([block.size], np.int64).tobytes(), block.astype(np.int64).tobytes()]
+            chunks += [np.ascontiguousarray(a[block]).tobytes() for a in self.arrays.values()]
+            _write_all(self._undo_fd, b"".join(chunks))
+            self._saved[block] = True
 
     def flush(self, parts: Any, layout: dict, ram: dict, rng: Any, gate: Any) -> None:
         """Makes the directory the buffer's snapshot now (see the module docstring); the caller holds the lock."""

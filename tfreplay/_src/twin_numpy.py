@@ -125,11 +125,22 @@ class NumpyTwin:
 
     def checkpoint_state(self, buffer: Any, layout: dict, gate: Any, stored: Callable[[], Any]) -> None:
         """Attaches the state a `tf.train.Checkpoint` saves (under the name format 1 gave it)."""
-        arrays, parts = (lambda: dict(self.arrays)), buffer._parts
+        arrays, parts, files = (lambda: dict(self.arrays)), buffer._parts, self.files
+        # A restore into memory-mapped files is a write like any other: the directory then reopens as the last
+        # flush (a crash during the copy) or as the checkpoint (flushed once it is in place).
+        around = None
+        if files is not None:
+            around = (lambda: files.is_open and files.save_every_row(), lambda: files.is_open and self._flush())
         buffer._numpy_state = NumpyState(
-            self.lock, arrays, self.rng, layout=layout, gate=gate, stored=stored, check=lambda v: state.check(parts, v)
+            self.lock,
+            arrays,
+            self.rng,
+            layout=layout,
+            gate=gate,
+            stored=stored,
+            check=lambda v: state.check(parts, v),
+            around_copy=around,
         )
-        files = self.files
         if files is not None:
             ram = {k: a for k, a in self.arrays.items() if k not in files.arrays}
             files.attach(type(buffer).__name__, parts, layout, ram, self.rng, gate)

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src.twin_tf import TFTwin
 from tfreplay.datasets import _steps
 
 Nest = Any
@@ -280,6 +281,7 @@ class _Spreader:
         self.pending: list[list] = [[] for _ in range(buffer.batch_size)]
         self.received = [0] * buffer.batch_size
         self.num_written = 0
+        self.add_rows = _graph_rows_adder(buffer) if isinstance(buffer._twin, TFTwin) else None
 
     def add(self, items: Nest, length: int) -> None:
         if self.ring:
@@ -308,9 +310,31 @@ class _Spreader:
             rest = tf.nest.map_structure(lambda x: x[num:], joined)
             self.pending[b] = [rest] if waiting[b] > num else []
         rows = tf.nest.map_structure(lambda *xs: np.stack(xs, axis=1), *heads)  # [num, batch_size, ...]
-        for t in range(num):
-            self.buffer.add_batch(tf.nest.map_structure(lambda x, t=t: x[t], rows))
+        if self.add_rows is not None:
+            self.add_rows(rows)
+        else:
+            for t in range(num):
+                self.buffer.add_batch(tf.nest.map_structure(lambda x, t=t: x[t], rows))
         self.num_written += num * len(heads)
 
     def num_left_out(self) -> int:
         return sum(self.received) - self.num_written if not (self.ring or self.by_segment) else 0
+
+
+def _graph_rows_adder(buffer: Any) -> Callable[[Nest], Any]:
+    """One `tf.function` that adds `[num, batch_size, ...]` rows to a TF buffer, one `add_batch` per row inside
+    the graph (about ten times faster than an eager `add_batch` per row); traced once per load."""
+    signature = tf.nest.map_structure(
+        lambda s: tf.TensorSpec([None, buffer.batch_size, *s.shape], s.dtype), buffer.data_spec
+    )
+
+    @tf.function(input_signature=[signature], autograph=False)
+    def add_rows(rows: Nest) -> Any:
+        def body(t: Any) -> Any:
+            with tf.control_dependencies([buffer.add_batch(tf.nest.map_structure(lambda x: x[t], rows))]):
+                return t + 1
+
+        num = tf.shape(tf.nest.flatten(rows)[0])[0]
+        return tf.while_loop(lambda t: t < num, body, [tf.constant(0)], parallel_iterations=1)
+
+    return add_rows

@@ -44,6 +44,8 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
       gate: the buffer's `Gate`, whose limiter counts are saved and restored (optional).
       stored: returns how many items the buffer stores (read after the copy).
       check: raises `ValueError` for restored arrays (name -> array) no buffer could hold, before any is copied.
+      around_copy: `(before, after)`, called under the lock just before the restored arrays are copied in and
+        once everything is in place (a memory-mapped buffer saves its flushed rows, then flushes).
     """
 
     def __init__(
@@ -58,11 +60,13 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
         gate: Any = None,
         stored: Callable[[], int] | None = None,
         check: Callable[[dict], None] = lambda values: None,
+        around_copy: tuple[Callable[[], None], Callable[[], None]] | None = None,
     ):
         self._lock, self._arrays, self._rng, self._layout, self._check = lock, arrays, rng, layout, check
         self._scalars = scalars or dict
         self._restore_scalars = restore_scalars or (lambda _: None)
         self._gate, self._stored = gate, stored
+        self._before_copy, self._after_copy = around_copy or (lambda: None, lambda: None)
 
     def _serialize_to_tensors(self) -> dict:
         """Nothing through TF's tensor path (the registered saver below writes this state). Defined so that
@@ -121,12 +125,14 @@ class NumpyState(_Record, tf.__internal__.tracking.Trackable):
         values = {k: np.asarray(src) for k, src in zip(arrays, restored)}  # views of the restored tensors
         self._check(values)
         with self._lock:
+            self._before_copy()
             for dst, src in zip(arrays.values(), values.values()):
                 dst[...] = src  # one copy, into place
             self._rng.bit_generator.state = rng_state
             self._restore_scalars(scalars)
             if self._gate is not None and self._stored is not None:
                 self._gate.restored(counts, self._stored)  # the items are in place: waiters may go
+            self._after_copy()
 
 
 def _key(name: str, entry: str) -> str:
