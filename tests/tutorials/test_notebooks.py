@@ -31,6 +31,7 @@ SMALL = {
         "recipe_env_steps": 400,
     },
     "03_prioritized_and_sequences": {"num_env_steps": 400, "train_steps": 20, "recipe_env_steps": 1_200},
+    "04_offline_keras": {"num_episodes": 4, "epochs": 1, "steps_per_epoch": 20, "num_eval_episodes": 2},
 }
 
 # What TensorFlow's C++ code writes as it loads: the notebooks must hide it.
@@ -97,17 +98,22 @@ def test_the_first_cell_installs_nothing_where_tfreplay_is_importable(path, monk
     assert run_first_cell(path, monkeypatch) == []
 
 
+def installs(requirement, source):
+    """`requirement` is `source`, bare or with the extras a tutorial needs (the offline one reads RLDS)."""
+    return requirement in (source, f"{source}[examples]", f"{source}[examples,datasets]")
+
+
 @pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
 def test_the_first_cell_installs_the_wheel_or_checkout_it_is_given(path, monkeypatch, tmp_path):
     wheel = str(tmp_path / "tfreplay-0.1.0-cp311-cp311-linux_x86_64.whl")
     for source in (wheel, str(ROOT)):
         (command,) = run_first_cell(path, monkeypatch, tfreplay_found=False, TFREPLAY_WHEEL=source)
         assert command[:5] == [sys.executable, "-m", "pip", "install", "--quiet"]
-        assert command[5] in (source, f"{source}[examples]"), command
+        assert installs(command[5], source), command
     monkeypatch.chdir(ROOT / "tutorials")
     monkeypatch.delenv("TFREPLAY_WHEEL", raising=False)
     (command,) = run_first_cell(path, monkeypatch, tfreplay_found=False)
-    assert command[5] in (str(ROOT), f"{ROOT}[examples]"), "the default is the checkout above tutorials/"
+    assert installs(command[5], str(ROOT)), "the default is the checkout above tutorials/"
     with pytest.raises(FileNotFoundError, match="neither a wheel nor a tfreplay checkout: set TFREPLAY_WHEEL"):
         run_first_cell(path, monkeypatch, tfreplay_found=False, TFREPLAY_WHEEL=str(tmp_path))
 
