@@ -1,4 +1,5 @@
-"""Install tfreplay: `pip install .` (add `[rl]`, `[examples]`, `[ray]`, `[datasets]`, `[test]`, `[bench]` or `[dev]`)."""
+"""Install tfreplay: `pip install .` (add `[rl]`, `[examples]`, `[ray]`, `[datasets]`, `[minari]`, `[test]`, `[bench]` or
+`[dev]`)."""
 
 import importlib.util
 import pathlib
@@ -70,6 +71,14 @@ RL = ["gymnasium>=1.0", "tf-keras>=2.15", "absl-py>=1.0"]  # tfreplay.rl: driver
 EXAMPLES = RL + ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
 RAY = ["ray==2.60.0"]  # tfreplay.distributed, the sharded replay service (imported only there)
 DATASETS = ["tensorflow-datasets>=4.9"]  # tfreplay.datasets: RLDS in and out (imported only there)
+# tfreplay.datasets' Minari side (imported only there). Minari 0.5.4 needs Python >= 3.11 and NumPy >= 2 (and is
+# the first to store image spaces raw); 0.5.3 is the last for Python 3.10 and NumPy 1. Minari's storages import
+# Pillow without declaring it.
+MINARI = [
+    'minari[hdf5,arrow]>=0.5.4,<0.6; python_version >= "3.11"',
+    'minari[hdf5,arrow]>=0.5.3,<0.5.4; python_version < "3.11"',
+    "pillow",
+]
 TEST = (
     [
         "pytest>=7",
@@ -87,6 +96,7 @@ TEST = (
     + EXAMPLES
     + RAY
     + DATASETS
+    + MINARI
 )
 
 setup(
@@ -112,6 +122,7 @@ setup(
         "examples": EXAMPLES,
         "ray": RAY,
         "datasets": DATASETS,
+        "minari": MINARI,
         "bench": ["cpprb>=10.7"],  # benchmarks/prioritized.py compares against its PrioritizedReplayBuffer
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "mkdocs-jupyter>=0.24"],
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],

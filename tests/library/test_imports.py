@@ -1,7 +1,8 @@
 """`import tfreplay` stays light: no optional extra loads with it, and imports point down to the library.
 
-One fresh interpreter imports tensorflow, then tfreplay, then the Ray service,
-then the RL application, recording which modules each step added; TensorFlow
+One fresh interpreter imports tensorflow, then tfreplay, then its datasets
+module, then the Ray service, then the RL application, recording which
+modules each step added; TensorFlow
 alone loads some of the extras (tf_keras or Keras 3 with matplotlib, absl's
 flags), so only what a step adds over the steps before it counts.
 """
@@ -18,23 +19,28 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# Every heavy optional dependency: the rl, examples, ray and test extras, and the compat lane's peers.
+# Every heavy optional dependency: the rl, examples, ray, datasets, minari and test extras, and the compat
+# lane's peers.
 HEAVY = (
     "absl.app",
     "absl.flags",
     "gymnasium",
+    "h5py",
     "IPython",
     "jupytext",
     "keras",
     "matplotlib",
+    "minari",
     "nbclient",
     "nbformat",
     "pandas",
     "PIL",
+    "pyarrow",
     "ray",
     "reverb",
     "scipy",
     "tensorboard",
+    "tensorflow_datasets",
     "tf_agents",
     "tf_keras",
     "tqdm",
@@ -51,6 +57,7 @@ def step(name, statement):
     steps[name] = sorted(set(sys.modules) - before)
 step("tensorflow", "import tensorflow")
 step("tfreplay", "import tfreplay")
+step("datasets", "import tfreplay.datasets")
 step("distributed", "import tfreplay.distributed")
 step("rl", "import tfreplay.rl.training")
 import tfreplay
@@ -87,6 +94,11 @@ def test_import_tfreplay_loads_no_optional_dependency(probe):
     added = probe["steps"]["tfreplay"]
     assert loaded(added, HEAVY) == []
     assert loaded(added, UPPER) == []
+
+
+def test_import_tfreplay_datasets_loads_no_dataset_library(probe):
+    # tensorflow_datasets, minari (with h5py, pyarrow, Pillow, gymnasium) load inside the functions that use them.
+    assert loaded(probe["steps"]["datasets"], HEAVY) == []
 
 
 def test_the_probe_sees_an_extra_when_one_loads(probe):

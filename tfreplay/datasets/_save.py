@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import collections.abc
 import os
 from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import ring
-from tfreplay.datasets import _steps
+from tfreplay.datasets import _steps, _stored
 from tfreplay.datasets._load import CONVENTION_KEY
 
 Nest = Any
@@ -58,42 +56,18 @@ def save_rlds(
       TypeError: a frame buffer, or a spec that is not a dict or named tuple.
     """
     where = "save_rlds"
-    if hasattr(buffer, "history_len"):
-        raise TypeError(f"{where}: buffer ({type(buffer).__name__}) must store rows; frame buffers are not supported.")
-    rule = buffer._parts.rule
-    if rule is None:
-        raise ValueError(
-            f"{where}: buffer ({type(buffer).__name__}) must store episode boundaries: a 'step_type' or 'first' "
-            "field, 'terminated'/'truncated', or an EpisodeRule."
-        )
+    episodes = _stored.whole_episodes(where, buffer)
     writer = _Directory(
         where, directory, buffer.data_spec, convention, episode_fields, split, append, name, max_episodes_per_shard
     )
-    stored, num_adds = _stored_rows(buffer)
-    items = _as_dicts(tf.nest.map_structure(np.asarray, stored))
-    segment_full = [n >= buffer.max_length for n in np.asarray(num_adds)]
     count = 0
     try:
-        for b, full in enumerate(segment_full):
-            segment = {key: _steps.map_nest(lambda x, b=b: x[b], value) for key, value in items.items()}
-            for episode, terminal in _split(segment, rule, full):
-                writer.write(episode, terminal)
-                count += 1
+        for episode, terminal in episodes:
+            writer.write(episode, terminal)
+            count += 1
     finally:
         writer.close()
     return count
-
-
-def _stored_rows(buffer: Any) -> tuple[Nest, Any]:
-    """Every stored item `[batch_size, time, ...]`, oldest first, and each segment's count of adds (one read)."""
-    parts, ops = buffer._parts, buffer._parts.ops
-
-    def read() -> tuple[Nest, Any]:
-        num_adds = ops.read(parts.num_adds)
-        rows, _ = ring.all_rows(num_adds, parts.max_length, parts.num_segments, ops)
-        return parts.storage.read(rows, None, ops), num_adds
-
-    return buffer._twin.exclusive(read)
 
 
 class RldsWriter:
@@ -124,7 +98,7 @@ class RldsWriter:
         max_episodes_per_shard: int = 1000,
     ):
         where = "RldsWriter"
-        fields = _as_dicts(data_spec)
+        fields = _stored.as_dicts(data_spec)
         if not any(end in fields for end in ("terminated", "truncated")):
             raise ValueError(f"{where}: data_spec must have a bool 'terminated' or 'truncated' field to end episodes.")
         self._directory = _Directory(
@@ -135,7 +109,7 @@ class RldsWriter:
         self.num_episodes = 0
 
     def __call__(self, transitions: Nest) -> None:
-        batch = _as_dicts(tf.nest.map_structure(np.asarray, transitions))
+        batch = _stored.as_dicts(tf.nest.map_structure(np.asarray, transitions))
         size = len(tf.nest.flatten(batch)[0])
         if not self._pending:
             self._pending = [[] for _ in range(size)]
@@ -177,7 +151,7 @@ class _Directory:
     def __init__(self, where, directory, data_spec, convention, episode_fields, split, append, name, per_shard):
         import tensorflow_datasets as tfds  # the `datasets` extra, loaded only here
 
-        fields = _as_dicts(data_spec)
+        fields = _stored.as_dicts(data_spec)
         if not isinstance(fields, dict):
             raise TypeError(f"{where}: the data_spec ({type(data_spec).__name__}) must be a dict or a named tuple.")
         if convention is None:
@@ -250,41 +224,3 @@ def _feature(tfds: Any, spec: Nest) -> Any:
     if isinstance(spec, tf.TensorSpec):
         return tfds.features.Tensor(shape=tuple(spec.shape), dtype=spec.dtype.as_numpy_dtype)
     raise TypeError(f"RLDS features: a spec ({spec!r}) must be a nest of dicts, named tuples and TensorSpecs.")
-
-
-def _as_dicts(nest: Nest) -> Nest:
-    """Named tuples (a `Transition`) as dicts, all the way down."""
-    if hasattr(nest, "_fields"):
-        return {k: _as_dicts(v) for k, v in nest._asdict().items()}
-    if isinstance(nest, collections.abc.Mapping):
-        return {k: _as_dicts(v) for k, v in nest.items()}
-    return nest
-
-
-def _split(segment: dict, rule: Any, full: bool) -> list[tuple[dict, bool]]:
-    """The whole episodes of one segment's items (oldest first), each with whether it terminated."""
-    length = len(tf.nest.flatten(segment)[0])
-    if rule.start is not None:
-        start_values = segment[rule.start]
-        starts = start_values == _steps.STEP_TYPE_FIRST if start_values.dtype != bool else start_values.copy()
-    else:
-        starts = np.zeros([length], bool)
-    ends = np.zeros([length], bool)
-    for name in rule.ends:
-        ends |= segment[name].astype(bool)
-    starts[1:] |= ends[:-1]
-    if length and rule.start is None and not full:
-        starts[0] = True  # nothing was overwritten: the first item started an episode
-    bounds = [int(i) for i in np.flatnonzero(starts)] + [length]
-    out = []
-    for begin, stop in zip(bounds[:-1], bounds[1:]):
-        ended = bool(ends[stop - 1]) or (stop < length and rule.start is not None)
-        if not ended:
-            continue
-        episode = {k: _steps.slice_nest(v, begin, stop) for k, v in segment.items()}
-        if "terminated" in episode:
-            terminal = bool(episode["terminated"][-1])
-        else:
-            terminal = "discount" in episode and float(episode["discount"][-1]) == 0.0
-        out.append((episode, terminal))
-    return out

@@ -97,7 +97,7 @@ def to_steps(transitions: dict, convention: str, terminal: bool) -> dict:
     num = len(tree_leaves(transitions["observation"])[0])
     kept = {name: value for name, value in transitions.items() if name not in BUILT}
     if convention == "envlogger":
-        steps = {name: concat_nest(value, _zeros_like(slice_nest(value, 0, 1))) for name, value in kept.items()}
+        steps = {name: pad_step(value) for name, value in kept.items()}
         final = slice_nest(transitions["next_observation"], -1, None)
         steps["observation"] = concat_nest(transitions["observation"], final)
         num += 1
@@ -132,6 +132,11 @@ def slice_nest(nest: Any, start: int, stop: int | None) -> Any:
 
 def concat_nest(a: Any, b: Any) -> Any:
     return map_nest(lambda x, y: np.concatenate([x, y]), a, b)
+
+
+def pad_step(nest: Any) -> Any:
+    """`[n, ...]` arrays with one step of zeros appended (an envlogger episode's final step holds no transition)."""
+    return map_nest(lambda x: np.concatenate([x, np.zeros((1, *np.shape(x)[1:]), np.asarray(x).dtype)]), nest)
 
 
 def _zeros_like(nest: Any) -> Any:
