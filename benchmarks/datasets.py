@@ -5,7 +5,7 @@ Run: `python -m benchmarks.datasets [--items N] [--times 1,3,6] [--episode-len T
 RLDS directories of Atari-like steps (`observation: u8[84,84]`, envlogger convention, episodes of
 `--episode-len` steps) are written once with `save_rlds`, `--times` the buffer's capacity each. Each case runs in a
 fresh process: the buffer is built and warmed (a one-episode load), the process's peak RSS is reset
-(`/proc/self/clear_refs`), the dataset is loaded three times, and the table shows steps per second (the fastest
+(`/proc/self/clear_refs`), the dataset is loaded four times, and the table shows steps per second (the fastest
 load) and how far the peak RSS rose above the resident size before the first load: the buffer's own pages as
 they fill, plus what the reading holds. `load_rlds` itself holds one episode and a chunk of steps; the rest is
 TFDS's own reading, the floor row: the same directory read with TFDS alone (`as_numpy_iterator` over every
@@ -46,7 +46,7 @@ SPEC = {
     "truncated": tf.TensorSpec([], tf.bool),
 }
 KINDS = ("floor", "PyUniformReplayBuffer", "TFUniformReplayBuffer")
-REPEATS = 3  # loads per case: the peak rise is the first one's, the speed the fastest one's
+REPEATS = 4  # loads per case: the peak rise is the first one's, the speed the fastest one's
 
 
 def write_dataset(directory: str, num_steps: int, episode_len: int) -> None:
@@ -108,16 +108,21 @@ def case(kind: str, directory: str, warm_dir: str, items: int) -> dict:
     before = rss_kb("VmRSS")
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # resets VmHWM, the peak resident size, to the current one
-    seconds = []
-    for repeat in range(REPEATS):
+    seconds, peaks = [], []
+    for _ in range(REPEATS):
         if buffer is not None:
             buffer.clear()
         began = time.perf_counter()
         num_items = run(directory)
         seconds.append(time.perf_counter() - began)
-        if not repeat:
-            peak_rise_mb = (rss_kb("VmHWM") - before) / 1024  # the first load's
-    return {"items": num_items, "seconds": min(seconds), "peak_rise_mb": peak_rise_mb, "buffer_mb": nbytes / 2**20}
+        peaks.append((rss_kb("VmHWM") - before) / 1024)
+    return {
+        "items": num_items,
+        "seconds": min(seconds),
+        "peak_rise_mb": peaks[0],  # the first load's
+        "peaks_mb": peaks,
+        "buffer_mb": nbytes / 2**20,
+    }
 
 
 def measure(kind: str, directory: str, warm_dir: str, items: int, env: dict | None = None) -> dict:
@@ -181,6 +186,13 @@ def main() -> None:
                     f"{fixed['peak_rise_mb']:.0f} |",
                     flush=True,
                 )
+            if times == max(sizes):
+                last = got, fixed  # the TF buffer's, on the largest dataset
+        default, fixed_threshold = (", ".join(f"{mb:.0f}" for mb in run["peaks_mb"]) for run in last)
+        print(
+            f"\nPeak rise after each of the {REPEATS} loads of the {max(sizes)}x dataset into the TF buffer, MB: "
+            f"{default} (default malloc); {fixed_threshold} (fixed mmap threshold)"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{time.perf_counter() - began:.0f} s")

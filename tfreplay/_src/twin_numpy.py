@@ -130,7 +130,16 @@ class NumpyTwin:
         # flush (a crash during the copy) or as the checkpoint (flushed once it is in place).
         around = None
         if files is not None:
-            around = (lambda: files.is_open and files.save_every_row(), lambda: files.is_open and self._flush())
+
+            def before_copy() -> None:
+                if files.is_open:
+                    files.save_every_row()
+
+            def after_copy() -> None:
+                if files.is_open:
+                    self._flush()
+
+            around = (before_copy, after_copy)
         buffer._numpy_state = NumpyState(
             self.lock,
             arrays,
