@@ -12,6 +12,7 @@ from typing import Any
 from tfreplay._src.api import BufferInfo, ReplayBuffer
 from tfreplay._src.episodes import EpisodeRule
 from tfreplay._src.storage import frame_data_spec
+from tfreplay._src.train_loop import TrainLoop
 from tfreplay.buffers import (
     EmptyBufferError,
     PyFrameReplayBuffer,
@@ -62,6 +63,7 @@ __all__ = [
     "TFPrioritizedFrameReplayBuffer",
     "TFPrioritizedReplayBuffer",
     "TFUniformReplayBuffer",
+    "TrainLoop",
     "Transform",
     "UniformSampler",
     "frame_data_spec",

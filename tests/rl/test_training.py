@@ -222,6 +222,7 @@ BAD_CONFIGS = [
     (dict(n_step=0), r"DqnConfig: n_step \(0\) must be a positive integer"),
     (dict(beta=1.5), r"DqnConfig: beta \(1.5\) must be in \[0, 1\]"),
     (dict(priority_eps=0.0), r"DqnConfig: priority_eps \(0.0\) must be positive"),
+    (dict(train_steps_per_call=0), r"DqnConfig: train_steps_per_call \(0\) must be a positive integer"),
 ]
 
 
@@ -444,3 +445,44 @@ def test_the_n_step_transform_is_used_from_two_steps_on():
     assert training.n_step_transform(DqnConfig(n_step=1)) is None
     transform = training.n_step_transform(DqnConfig(n_step=3, gamma=0.9))
     assert (transform.n, transform.gamma) == (3, 0.9)
+
+
+# --- many train steps per call (DqnAgent.train_loop, a tfreplay.TrainLoop) ------------------------------
+
+
+@pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, TFPrioritizedReplayBuffer])
+def test_the_agents_train_loop_runs_the_steps_of_separate_get_next_and_train_calls(buffer_cls):
+    spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
+    prioritized = buffer_cls is TFPrioritizedReplayBuffer
+    runs = []
+    for fused in (True, False):
+        rb = buffer_cls(spec, batch_size=2, max_length=8, seed=3)
+        rng = np.random.default_rng(3)
+        for _ in range(8):
+            rb.add_batch(random_transitions(spec, 2, rng))
+        agent = DqnAgent(spec.observation, 2, make_q_network(spec.observation, 2, (8,), seed=4))
+        if fused:
+            losses = agent.train_loop(rb, 6, 3, beta=0.5, metrics="stack")().loss.numpy()
+        else:
+            step = tf.function(lambda experience, a=agent, b=rb: prioritized_train_step(a, b, experience, 0.5, 1e-6))
+            train = step if prioritized else agent.train
+            losses = [float(train(rb.get_next(6)).loss) for _ in range(3)]
+        runs.append((losses, int(agent.train_step_counter), agent.q_network.get_weights(), rb.get_next(32)[1].ids))
+    (fused_losses, fused_steps, fused_weights, fused_ids), (losses, steps, weights, ids) = runs
+    np.testing.assert_allclose(fused_losses, losses, rtol=1e-5)
+    assert fused_steps == steps == 3
+    for a, b in zip(fused_weights, weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(fused_ids, ids)  # the same draws next: the same priorities given
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
+def test_a_short_run_with_four_train_steps_per_call_trains(prioritized):
+    result = train_dqn(DqnConfig(**SMALL, prioritized=prioritized, train_steps_per_call=4))
+    # 71 vector steps after the initial collection earn 2 train steps each; the loop takes them 4 at a time.
+    assert result.num_train_steps == ((480 - 200) // 4 + 1) * 2 // 4 * 4
+    assert np.isfinite(result.history[-1]["loss"]) and result.history[-1]["train_steps"] % 4 == 0
+    if prioritized:
+        _, info = result.buffer.get_next(sample_batch_size=500)
+        assert np.ptp(info.probabilities.numpy()) > 0

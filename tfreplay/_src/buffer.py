@@ -32,6 +32,8 @@ from tfreplay._src.specs import Nest
 
 # Requests remembered per buffer (a program's own few; a new transform object per call must not grow it).
 _REQUESTS_MAX = 64
+# The gate of a sample whose caller holds its admission already (`Buffer._sample_admitted`): nothing to wait for.
+_ADMITTED = Gate(None, "Buffer", 1, 1)
 
 
 class Buffer(ReplayBuffer):
@@ -217,6 +219,11 @@ class Buffer(ReplayBuffer):
 
     def _sample_tensors(self, request: Request) -> tuple[Nest, BufferInfo]:
         return self._twin.sample_tensors(self._parts, self._gate, request)
+
+    def _sample_admitted(self, request: Request) -> tuple[Nest, BufferInfo]:
+        """`get_next` inside a graph for a caller that holds the rate limiter's admission already (a fused train
+        loop admits all its steps' samples at once, `train_loop.py`): drawn and refused alike, nothing waits."""
+        return self._twin.get_next(self._parts, _ADMITTED, request)
 
     def _sample_dataset(self, request: Request, num_parallel_calls: int | None) -> tf.data.Dataset:
         return self._twin.sample_dataset(self._parts, self._gate, request, counter_dataset(), num_parallel_calls)

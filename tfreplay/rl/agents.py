@@ -22,15 +22,22 @@ its importance weight and returns each sample's `|TD error|`, the new priority:
 n-step returns: items from `tfreplay.NStepReturns(n, gamma)` carry the whole
 bootstrap factor in `discount` (`gamma^m` times the episode's discounts), so
 an agent reading them is built with `gamma=1.0`; see `DqnAgent`.
+
+Many train steps per call: `agent.train_loop(rb, 128, steps_per_call=16)` is a
+`tfreplay.TrainLoop` that samples, trains (and with priorities, weighs and
+updates) 16 times inside one graph call:
+
+    train = agent.train_loop(rb, 128, steps_per_call=16)
+    loss_info = train()  # the 16th step's LossInfo
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import tensorflow as tf
 
-from tfreplay import BufferInfo
+from tfreplay import BufferInfo, TrainLoop, importance_weights
 from tfreplay._src import specs
 from tfreplay.keras import keras_module
 from tfreplay.rl.policies import EpsilonGreedyPolicy
@@ -240,6 +247,68 @@ class DqnAgent(tf.Module):
                 f"(the reward's batch is {reward.shape[:1]})."
             )
         return weights
+
+    def train_loop(
+        self,
+        buffer: Any,
+        sample_batch_size: int,
+        steps_per_call: int,
+        *,
+        transform: Any = None,
+        beta: float | tf.Variable | Callable[[], Any] = 0.4,
+        priority_eps: float = 1e-6,
+        metrics: str = "last",
+        jit_compile: bool = False,
+    ) -> TrainLoop:
+        """`steps_per_call` train steps per call, each on a batch sampled inside the same graph.
+
+        A `tfreplay.TrainLoop` whose step trains on `sample_batch_size` single
+        transitions (n-step ones with `transform=NStepReturns(n, gamma)`).
+        With a prioritized buffer it is `prioritized_train_step`'s step: each
+        sample's loss weighed by its importance weight of exponent `beta`,
+        then the sampled items' priorities set to `|TD error| + priority_eps`.
+        For the same seeds the run is that of `steps_per_call` separate
+        `get_next` and `train` calls.
+
+        Args:
+          buffer: a TF buffer of `Transition`s (uniform or prioritized).
+          sample_batch_size: transitions per step.
+          steps_per_call: train steps per call.
+          transform: applied at sample time, e.g. `tfreplay.NStepReturns`.
+          beta: the importance-weight exponent: a float, a `tf.Variable`, or a
+            function of no arguments called in the graph at every step (a
+            schedule of a step variable, say); unused with a uniform buffer.
+          priority_eps: added to `|TD error|` so that no priority is 0.
+          metrics, jit_compile: as `tfreplay.TrainLoop`.
+
+        Returns:
+          A `TrainLoop`; each call returns the steps' `LossInfo` as `metrics`
+          asks (`"last"`: the last step's).
+
+        Raises:
+          ValueError: a non-positive `priority_eps`, or what `TrainLoop` refuses.
+        """
+        if not priority_eps > 0.0:
+            raise ValueError(f"DqnAgent.train_loop: priority_eps ({priority_eps!r}) must be positive.")
+        exponent = beta if callable(beta) else lambda: beta
+
+        def uniform(items: Nest, info: BufferInfo) -> LossInfo:
+            return self.train(items)
+
+        def prioritized(items: Nest, info: BufferInfo) -> tuple[LossInfo, tf.Tensor]:
+            weights = importance_weights(info.probabilities, buffer.num_frames(), exponent())
+            loss_info = self.train(items, weights)
+            return loss_info, tf.cast(loss_info.abs_td_errors, tf.float64) + priority_eps
+
+        return TrainLoop(
+            buffer,
+            prioritized if hasattr(buffer, "update_priorities") else uniform,
+            steps_per_call,
+            sample_batch_size,
+            transform=transform,
+            metrics=metrics,
+            jit_compile=jit_compile,
+        )
 
     @property
     def gamma(self) -> float:

@@ -4,6 +4,7 @@
     tfreplay-demo --steps=2000                   # a short run (under a minute)
     tfreplay-demo --steps=80000 --resume         # continue the saved run
     tfreplay-demo --prioritized --n_step=3       # prioritized replay, 3-step returns
+    tfreplay-demo --train_steps_per_call=16      # 16 train steps per graph call (tfreplay.TrainLoop)
     tensorboard --logdir runs/demo/tensorboard
 
 A vectorised collect driver feeds a `TFUniformReplayBuffer` through its
@@ -46,6 +47,9 @@ flags.DEFINE_boolean("early_stop", True, "Stop once a periodic evaluation reache
 flags.DEFINE_boolean("progress", True, "Show progress (a tqdm bar; plain lines where tqdm is not installed).")
 flags.DEFINE_boolean("prioritized", False, "Prioritized replay (alpha 0.6, beta 0.4 annealed to 1).")
 flags.DEFINE_integer("n_step", 1, "Learn from n-step returns (1: single transitions).", lower_bound=1)
+flags.DEFINE_integer(
+    "train_steps_per_call", 1, "Train steps per graph call, sampled inside it (1: one per call).", lower_bound=1
+)
 FLAGS = flags.FLAGS
 
 
@@ -64,6 +68,7 @@ def config_from_flags() -> DqnConfig:
         stop_at_return=threshold,
         prioritized=FLAGS.prioritized,
         n_step=FLAGS.n_step,
+        train_steps_per_call=FLAGS.train_steps_per_call,
     )
 
 

@@ -13,7 +13,10 @@ the run), trains, and gives the sampled items their new priorities,
 gamma)` items, whose `discount` holds the whole bootstrap factor, so the
 agent is built with `gamma=1.0` (gamma is applied once, by the transform);
 with `n_step=1` the learner reads stored transitions and the agent applies
-gamma, the cheapest read. With an
+gamma, the cheapest read. `train_steps_per_call=K > 1` runs the train steps
+K at a time through the agent's fused loop (`DqnAgent.train_loop`, a
+`tfreplay.TrainLoop`): K samples, gradient steps (and priority updates) in one
+graph call, taken once K steps' credit has accumulated. With an
 `output_dir` it checkpoints agent, buffer and counters (`resume=True`
 continues), writes TensorBoard summaries, `history.json` and a learning-curve
 PNG. The same config (seed included) gives the same run: networks,
@@ -102,9 +105,11 @@ class DqnConfig:
     beta: float = 0.4  # importance-weight exponent when learning starts, annealed linearly to 1 at the end
     priority_eps: float = 1e-6  # keeps every item drawable
     n_step: int = 1  # > 1: learn from n-step returns (NStepReturns)
+    train_steps_per_call: int = 1  # > 1: that many train steps per graph call, sampled inside it (TrainLoop)
 
     def __post_init__(self) -> None:
         specs.check_positive_int("DqnConfig", "n_step", self.n_step)
+        specs.check_positive_int("DqnConfig", "train_steps_per_call", self.train_steps_per_call)
         if not 0.0 <= self.beta <= 1.0:
             raise ValueError(f"DqnConfig: beta ({self.beta!r}) must be in [0, 1].")
         if not self.priority_eps > 0.0:
@@ -250,9 +255,9 @@ class _Run:
         )
         max_length = max(c.buffer_size // c.num_envs, c.n_step + 1)
         self.buffer: ReplayBuffer
+        beta = beta_schedule(c)
         if c.prioritized:
             self.buffer = TFPrioritizedReplayBuffer(spec, c.num_envs, max_length, alpha=c.alpha, seed=c.seed)
-            beta = beta_schedule(c)
 
             def step(experience: Any) -> LossInfo:  # beta comes from env_steps inside the graph: no eager op
                 return prioritized_train_step(self.agent, self.buffer, experience, beta(self.env_steps), c.priority_eps)
@@ -265,7 +270,17 @@ class _Run:
         self.driver = StepDriver(
             self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
         )
-        self.samples = iter(experience_dataset(self.buffer, c.batch_size, n_step_transform(c)))
+        if c.train_steps_per_call > 1:  # sampled inside the loop's graph: no dataset
+            self._train_loop = self.agent.train_loop(
+                self.buffer,
+                c.batch_size,
+                c.train_steps_per_call,
+                transform=n_step_transform(c),
+                beta=lambda: beta(self.env_steps),  # from env_steps inside the graph, at every step
+                priority_eps=c.priority_eps,
+            )
+        else:
+            self.samples = iter(experience_dataset(self.buffer, c.batch_size, n_step_transform(c)))
         self.history: list[dict] = []
         self.best_q_network = keras.models.clone_model(q_network)
         self.best_q_network.set_weights(q_network.get_weights())
@@ -300,13 +315,16 @@ class _Run:
         if int(self.env_steps.numpy()) < c.initial_collect_steps:
             return loss, credit
         credit += c.train_steps_per_env_step * c.num_envs
-        while credit >= 1.0:
+        while credit >= c.train_steps_per_call:
             loss = float(self.train_once().loss)
-            credit -= 1.0
+            credit -= c.train_steps_per_call
         return loss, credit
 
     def train_once(self) -> LossInfo:
-        """One train step on the next sample (with priorities: weights, train, update, one graph)."""
+        """`train_steps_per_call` train steps (with priorities: weights, train, update, one graph each); the
+        last one's `LossInfo`."""
+        if self.config.train_steps_per_call > 1:
+            return self._train_loop()
         if not self.config.prioritized:
             return self.agent.train(next(self.samples))
         return self._prioritized_step(next(self.samples))

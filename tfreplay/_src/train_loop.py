@@ -1,0 +1,290 @@
+"""The fused train loop: `steps_per_call` iterations of sample -> step -> priorities in one graph call.
+
+A learner that calls `get_next` and its train step once per call pays a
+function call, and the Python around it, per step. `TrainLoop` traces one
+iteration, the buffer's in-graph sample, the user's step and (prioritized
+buffers) `update_priorities`, as one function, and runs it `steps_per_call`
+times in a `tf.while_loop` inside one `tf.function` (XLA-compiled with
+`jit_compile`). The graph holds one iteration whatever `steps_per_call` is.
+
+Iterations run one after the other (`parallel_iterations=1`): each draws from
+the buffer's generator after the previous one's priority update, so the
+samples, and the results, are those of the same number of separate
+`get_next` + step calls from the same seed.
+
+A rate limiter admits a call as `steps_per_call * sample_batch_size` samples
+at once, before the loop runs (eagerly in Python, in a graph through the
+buffer's wait op), so the loop itself never waits and may be compiled with
+XLA; a call that fails eagerly gives its samples back, as `get_next` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tfreplay import native
+from tfreplay._src import specs
+from tfreplay._src.api import BufferInfo
+from tfreplay._src.buffer import Buffer
+from tfreplay._src.rate_limiter import EmptyBufferError
+from tfreplay._src.specs import Nest
+from tfreplay._src.twin_tf import FlatCall
+
+_log = logging.getLogger("tfreplay")
+_METRICS = ("last", "mean", "stack")
+_WHERE = "TrainLoop"
+_EMPTY = (
+    "TrainLoop: a sample found nothing to draw; under jit_compile XLA cannot refuse it, so its step ran on "
+    "zeros (probability 0). Fill the buffer before training, e.g. with a MinSize rate limiter."
+)
+
+
+class TrainLoop:
+    """`steps_per_call` train steps per call, each on a fresh sample drawn inside the same graph.
+
+    Each iteration draws `buffer.get_next(sample_batch_size, num_steps,
+    time_stacked, transform)`, runs `step(items, info)` and, with a
+    prioritized buffer, `buffer.update_priorities(info.ids, priorities)`; one
+    call runs `steps_per_call` iterations in one `tf.function` call. For the
+    same buffer seed the samples and the results equal `steps_per_call`
+    separate `get_next` + `step` calls (eagerly, inside `tf.function`, and
+    with `jit_compile`, where the draws agree with eager ones: see the
+    fused-learner guide).
+
+    Example:
+      ```
+      def step(items, info):
+          with tf.GradientTape() as tape:
+              loss = tf.reduce_mean((model(items["observation"]) - items["target"]) ** 2)
+          grads = tape.gradient(loss, model.trainable_variables)
+          optimizer.apply_gradients(zip(grads, model.trainable_variables))
+          return {"loss": loss}
+
+      train = tfreplay.TrainLoop(buffer, step, steps_per_call=16, sample_batch_size=128, metrics="mean")
+      metrics = train()  # 16 gradient steps; their mean loss
+      ```
+
+    Args:
+      buffer: a TF buffer (`TFUniformReplayBuffer`, `TFFrameReplayBuffer`,
+        `TFPrioritizedReplayBuffer`, `TFPrioritizedFrameReplayBuffer`, or a
+        `tfreplay.compose.Buffer` on a `TFTwin`).
+      step: `step(items, info) -> metrics`, a nest of tensors with static
+        shapes (Keras 3 or tf-keras models and optimizers inside are fine).
+        With a prioritized buffer it returns the pair `(metrics,
+        priorities)`, a plain tuple: `priorities` shaped like `info.ids`
+        (e.g. `|TD error| + eps`), or `None` to leave them.
+      steps_per_call: iterations per call, a positive integer.
+      sample_batch_size, num_steps, time_stacked, transform: each iteration's
+        sample, as `get_next` takes them (checked here, once).
+      metrics: what a call returns: `"last"` (the last step's metrics),
+        `"mean"` (each leaf's mean over the steps; floating-point leaves) or
+        `"stack"` (each leaf stacked on a new leading axis of
+        `steps_per_call`).
+      jit_compile: compile the loop with XLA. Every sampler compiles; a
+        prioritized buffer's sum tree then runs as array ops instead of its
+        compiled op, which is slower (one warning says so), and draws other
+        numbers than outside XLA. XLA takes no lock, so no other thread may
+        add to the buffer during a call, and cannot refuse an empty sample:
+        a call that met one raises `EmptyBufferError` after it, its steps
+        done on zeros.
+
+    Raises:
+      TypeError: a NumPy buffer (use its TF twin), a `step` that is not
+        callable, a `jit_compile` that is not a bool.
+      ValueError: `steps_per_call` not a positive integer, an unknown
+        `metrics`, a sample `get_next` would refuse, or a rate limiter whose
+        error range cannot hold a call's samples.
+    """
+
+    def __init__(
+        self,
+        buffer: Any,
+        step: Callable[[Nest, BufferInfo], Any],
+        steps_per_call: int,
+        sample_batch_size: int | None,
+        *,
+        num_steps: int | None = None,
+        time_stacked: bool = True,
+        transform: Any = None,
+        metrics: str = "last",
+        jit_compile: bool = False,
+    ):
+        _check_buffer(buffer)
+        if not callable(step):
+            raise TypeError(f"{_WHERE}: step ({step!r}) must be callable as step(items, info).")
+        specs.check_positive_int(_WHERE, "steps_per_call", steps_per_call)
+        if metrics not in _METRICS:
+            raise ValueError(f"{_WHERE}: metrics ({metrics!r}) must be 'last', 'mean' or 'stack'.")
+        if not isinstance(jit_compile, bool):
+            raise TypeError(f"{_WHERE}: jit_compile ({jit_compile!r}) must be a bool.")
+        self._request = buffer._sample_request(_WHERE, sample_batch_size, num_steps, time_stacked, transform)
+        self._buffer, self._step, self._steps = buffer, step, int(steps_per_call)
+        self._metrics, self._jit = metrics, jit_compile
+        self._prioritized = hasattr(buffer, "update_priorities")
+        self._samples = self._steps * self._request.size  # what a call asks the rate limiter for
+        limiter = buffer._gate.limiter
+        if limiter is not None:  # refused now rather than at the first call
+            limiter._check_room(f"{_WHERE} (steps_per_call * sample_batch_size per call)", "sample", self._samples)
+        if jit_compile and self._prioritized and self._request.window is None and native.sum_tree_ops() is not None:
+            _log.warning(
+                "TrainLoop: jit_compile=True with %s: XLA cannot run the compiled sum-tree op, so each draw and "
+                "priority update runs as XLA array ops instead, slower than the op outside XLA (see the fused-learner "
+                "guide). Leave jit_compile False for this buffer unless your step gains more from XLA.",
+                type(buffer).__name__,
+            )
+        self._loop: Any = None  # traced at the first call
+
+    @property
+    def buffer(self) -> Any:
+        """The buffer each iteration samples."""
+        return self._buffer
+
+    @property
+    def steps_per_call(self) -> int:
+        """Iterations (train steps) per call."""
+        return self._steps
+
+    def __call__(self) -> Nest:
+        """Runs `steps_per_call` iterations; eagerly or inside a `tf.function`.
+
+        Returns:
+          The metrics, as `metrics` asks (`"stack"`: a leading axis of `steps_per_call`).
+
+        Raises:
+          tf.errors.InvalidArgumentError: nothing to draw (naming the sample; under `jit_compile`
+            `EmptyBufferError`, one of them, after the call).
+          BufferClosedError: the buffer is closed (in a graph: `tf.errors.OutOfRangeError`).
+          RateLimitTimeoutError: the rate limiter did not admit the call's samples in time.
+        """
+        if self._loop is None:
+            # Called as a concrete function: tf.function's retracing warning counts the traces of one Python
+            # function, and every TrainLoop's `_run` is one (a concrete function's calls are not counted).
+            traced = tf.function(self._run, autograph=False, jit_compile=self._jit)
+            self._loop = FlatCall(traced.get_concrete_function())
+        gate = self._buffer._gate
+        if tf.executing_eagerly():
+            out = self._loop() if gate.idle else gate.call(_WHERE, "sample", self._samples, self._loop)
+            metrics, drawn = out
+            if self._jit and not bool(drawn):
+                raise EmptyBufferError(_EMPTY)
+            return metrics
+        with tf.control_dependencies(gate.admit_op(_WHERE, "sample", self._samples)):
+            metrics, drawn = self._loop()
+        if not self._jit:
+            return metrics
+        return self._buffer._twin.check(drawn, metrics, _EMPTY)
+
+    # The graph.
+    def _iteration(self) -> tuple[Nest, tf.Tensor]:
+        """One sample, step and priority update: `(metrics, whether the sample drew anything)`. AutoGraph
+        converts it for the step's sake; the library's own parts are marked not to be converted."""
+        items, info = _sample(self._buffer, self._request)
+        return _after_step(self._buffer, self._prioritized, self._jit, info, self._step(items, info))
+
+    def _run(self) -> tuple[Nest, tf.Tensor]:
+        # One iteration as one traced function (AutoGraph: the step's Python control flow), called in the loop.
+        iteration = tf.function(self._iteration).get_concrete_function()
+        outputs = iteration.structured_outputs[0]
+        paths = specs.leaf_paths(outputs)
+        starts = [_start(self._metrics, p, t, self._steps) for p, t in zip(paths, tf.nest.flatten(outputs))]
+        init = tf.nest.pack_sequence_as(outputs, starts)
+
+        def body(i: tf.Tensor, acc: Nest, drawn: tf.Tensor) -> tuple:
+            with tf.control_dependencies([drawn]):  # after the previous iteration, its update included
+                metrics, ok = iteration()
+            acc = tf.nest.map_structure(lambda a, m: _accumulate(self._metrics, a, m, i), acc, metrics)
+            with tf.control_dependencies(tf.nest.flatten(metrics) + [ok]):
+                return i + 1, acc, drawn & ok
+
+        _, acc, drawn = tf.while_loop(
+            lambda i, acc, drawn: i < self._steps,
+            body,
+            (tf.constant(0), init, tf.constant(True)),
+            parallel_iterations=1,  # each draw after the previous step's update: the unfused loop's samples
+            maximum_iterations=self._steps,
+        )
+        return tf.nest.map_structure(lambda a: _finish(self._metrics, a, self._steps), acc), drawn
+
+
+@tf.autograph.experimental.do_not_convert
+def _sample(buffer: Any, request: Any) -> tuple[Nest, BufferInfo]:
+    return buffer._sample_admitted(request)
+
+
+@tf.autograph.experimental.do_not_convert
+def _after_step(buffer: Any, prioritized: bool, jit: bool, info: BufferInfo, out: Any) -> tuple[Nest, tf.Tensor]:
+    """The step's metrics once its priorities are given (with a prioritized buffer), and whether the sample
+    drew anything (checked under XLA only: outside it an empty sample is refused)."""
+    metrics, priorities = _split(out) if prioritized else (out, None)
+    metrics = _tensors(metrics)
+    done = []
+    if priorities is not None:
+        done = [buffer.update_priorities(info.ids, priorities)]
+    drawn = tf.reduce_all(info.probabilities > 0) if jit else tf.constant(True)
+    with tf.control_dependencies(done):  # this iteration's outputs come after its update
+        return tf.nest.map_structure(tf.identity, metrics), tf.identity(drawn)
+
+
+def _check_buffer(buffer: Any) -> None:
+    if isinstance(buffer, Buffer) and buffer._twin.is_tf:
+        return
+    name = type(buffer).__name__
+    if isinstance(buffer, Buffer) and name.startswith("Py"):
+        raise TypeError(
+            f"{_WHERE}: buffer ({name}) must be a TF buffer: the loop samples inside one TensorFlow graph. "
+            f"Use its TF twin, TF{name[2:]}, which has the same API."
+        )
+    raise TypeError(
+        f"{_WHERE}: buffer ({name}) must be a TF buffer (TFUniformReplayBuffer, TFFrameReplayBuffer, "
+        "TFPrioritizedReplayBuffer, TFPrioritizedFrameReplayBuffer, or a tfreplay.compose.Buffer on a TFTwin)."
+    )
+
+
+def _split(out: Any) -> tuple[Any, Any]:
+    """A prioritized step's `(metrics, priorities)`."""
+    if type(out) not in (tuple, list) or len(out) != 2:
+        raise TypeError(
+            f"{_WHERE}: step must return (metrics, priorities), a plain pair, with a prioritized buffer; it "
+            f"returned {type(out).__name__}. Return (metrics, None) to leave the priorities as they are."
+        )
+    return out[0], out[1]
+
+
+def _tensors(metrics: Nest) -> Nest:
+    leaves, paths = tf.nest.flatten(metrics), specs.leaf_paths(metrics)
+    for path, leaf in zip(paths, leaves):
+        if leaf is None:
+            raise TypeError(f"{_WHERE}: the step's metric {path} (None) must be a tensor.")
+    return tf.nest.map_structure(tf.convert_to_tensor, metrics)
+
+
+def _start(mode: str, path: str, leaf: tf.Tensor, steps: int) -> Any:
+    """The loop's first value of one metric (`leaf`: the traced iteration's)."""
+    if not leaf.shape.is_fully_defined():
+        raise ValueError(
+            f"{_WHERE}: the step's metric {path} has shape {leaf.shape}; a metric must have a static shape "
+            "(it is carried from step to step)."
+        )
+    if mode == "stack":
+        return tf.TensorArray(leaf.dtype, size=steps, element_shape=leaf.shape)
+    if mode == "mean" and not leaf.dtype.is_floating:
+        raise TypeError(
+            f"{_WHERE}: metrics ('mean') averages floating-point metrics; the step's metric {path} is "
+            f"{leaf.dtype.name}. Cast it to a float, or use metrics='last' or 'stack'."
+        )
+    return tf.zeros(leaf.shape, leaf.dtype)
+
+
+def _accumulate(mode: str, acc: Any, value: tf.Tensor, i: tf.Tensor) -> Any:
+    if mode == "stack":
+        return acc.write(i, value)
+    return acc + value if mode == "mean" else value
+
+
+def _finish(mode: str, acc: Any, steps: int) -> tf.Tensor:
+    if mode == "stack":
+        return acc.stack()
+    return acc / steps if mode == "mean" else acc
