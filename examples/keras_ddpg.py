@@ -1,0 +1,244 @@
+"""DDPG on Pendulum-v1 in Keras: actor and critic learn many steps per graph call from a tfreplay buffer.
+
+    python -m examples.keras_ddpg                               # 20,000 env steps, a few minutes on 2 cores
+    python -m examples.keras_ddpg --steps=4000 --train-steps-per-call=1
+    TF_USE_LEGACY_KERAS=1 python -m examples.keras_ddpg         # the same with tf-keras
+
+The common Keras DDPG keeps its replay in NumPy arrays: every train step
+draws indices with NumPy, turns the batch into tensors with
+`tf.convert_to_tensor` and calls the update's `tf.function`, paying a copy and
+a trip through Python per step. Here a collect driver adds the transitions of
+a vector env to a `TFUniformReplayBuffer`, and `tfreplay.TrainLoop` draws each
+batch inside the graph: one call runs `--train-steps-per-call` updates
+(critic, actor and the soft target updates), each on a fresh sample.
+
+After `--initial-steps` random actions, the actor acts with Gaussian
+exploration noise and the learner takes one update per environment step,
+`K` at a time once `K` steps' credit has accumulated. Every `--log-interval`
+env steps the greedy actor is evaluated over a vector env, one episode per
+sub-environment, and a line says where the time went: collect, learn,
+evaluate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from typing import Any, Iterator, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfreplay  # noqa: E402
+from tfreplay.keras import keras_module  # noqa: E402
+from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec  # noqa: E402
+from tfreplay.rl.observers import AverageReturn  # noqa: E402
+from tfreplay.rl.policies import RandomPolicy  # noqa: E402
+from tfreplay.rl.training import evaluate  # noqa: E402
+
+ENV_ID = "Pendulum-v1"
+keras = keras_module()  # Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1
+
+
+def mlp(num_inputs: int, num_outputs: int, hidden: Sequence[int], output_activation: str | None = None) -> Any:
+    """Dense ReLU layers; the last layer starts small, so the first actions and Q-values are near 0."""
+    last = keras.layers.Dense(
+        num_outputs, output_activation, kernel_initializer=keras.initializers.RandomUniform(-3e-3, 3e-3)
+    )
+    return keras.Sequential([keras.Input((num_inputs,))] + [keras.layers.Dense(w, "relu") for w in hidden] + [last])
+
+
+class Ddpg(tf.Module):
+    """DDPG (Lillicrap et al., 2016): a deterministic actor, a Q critic, and slowly following target copies.
+
+    Args:
+      num_observations: the observation's length (Pendulum: 3).
+      num_actions: the action's length (Pendulum: 1).
+      max_action: actions lie in `[-max_action, max_action]` (Pendulum: 2).
+      hidden: widths of the hidden layers of actor and critic.
+      gamma: the discount.
+      tau: how far each train step moves the targets towards the online networks.
+      actor_learning_rate, critic_learning_rate: Adam's step sizes.
+    """
+
+    def __init__(
+        self,
+        num_observations: int,
+        num_actions: int,
+        max_action: float,
+        hidden: Sequence[int] = (256, 256),
+        gamma: float = 0.99,
+        tau: float = 0.005,
+        actor_learning_rate: float = 1e-3,
+        critic_learning_rate: float = 2e-3,
+    ):
+        super().__init__()
+        self.max_action, self.gamma, self.tau = max_action, gamma, tau
+        self.actor = mlp(num_observations, num_actions, hidden, "tanh")
+        self.critic = mlp(num_observations + num_actions, 1, hidden)
+        self.target_actor = mlp(num_observations, num_actions, hidden, "tanh")
+        self.target_critic = mlp(num_observations + num_actions, 1, hidden)
+        for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
+            target.set_weights(online.get_weights())
+        self.actor_optimizer = keras.optimizers.Adam(actor_learning_rate)
+        self.critic_optimizer = keras.optimizers.Adam(critic_learning_rate)
+        self.actor_optimizer.build(self.actor.trainable_variables)  # slots made now, not inside the traced loop
+        self.critic_optimizer.build(self.critic.trainable_variables)
+        spec = tf.TensorSpec([None, num_observations], tf.float32)
+        self.act = tf.function(self._act, input_signature=[spec])  # one trace for every batch size
+
+    def _act(self, observation: tf.Tensor) -> tf.Tensor:
+        return self.max_action * self.actor(observation)
+
+    def q(self, critic: Any, observation: tf.Tensor, action: tf.Tensor) -> tf.Tensor:
+        return critic(tf.concat([observation, action / self.max_action], axis=-1))[:, 0]
+
+    def train_step(self, items: Any, info: Any = None) -> dict:
+        """One update from a batch of `Transition`s: critic, then actor, then both targets (a `TrainLoop` step)."""
+        del info  # uniform replay: no weights, no priorities
+        next_action = self.max_action * self.target_actor(items.next_observation)
+        next_q = self.q(self.target_critic, items.next_observation, next_action)
+        target = tf.stop_gradient(items.reward + self.gamma * items.discount * next_q)
+        with tf.GradientTape() as tape:
+            critic_loss = tf.reduce_mean((self.q(self.critic, items.observation, items.action) - target) ** 2)
+        variables = self.critic.trainable_variables
+        self.critic_optimizer.apply_gradients(zip(tape.gradient(critic_loss, variables), variables))
+        with tf.GradientTape() as tape:
+            actor_loss = -tf.reduce_mean(self.q(self.critic, items.observation, self._act(items.observation)))
+        variables = self.actor.trainable_variables
+        self.actor_optimizer.apply_gradients(zip(tape.gradient(actor_loss, variables), variables))
+        for target, online in ((self.target_actor, self.actor), (self.target_critic, self.critic)):
+            for t, o in zip(target.trainable_variables, online.trainable_variables):
+                t.assign(self.tau * o + (1.0 - self.tau) * t)
+        return {"critic_loss": critic_loss, "actor_loss": actor_loss}
+
+
+class NoisyPolicy:
+    """The actor's action plus Gaussian noise of standard deviation `noise`, clipped to the action bounds."""
+
+    def __init__(self, agent: Ddpg, noise: float, seed: int):
+        self.agent, self.noise = agent, noise
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, observation: Any) -> np.ndarray:
+        action = self.agent.act(tf.convert_to_tensor(observation, tf.float32)).numpy()
+        if self.noise:
+            action = action + self.rng.normal(0.0, self.noise, action.shape)
+        return np.clip(action, -self.agent.max_action, self.agent.max_action).astype(np.float32)
+
+
+class Clock:
+    """Seconds spent per part of the run."""
+
+    def __init__(self) -> None:
+        self.seconds = {"collect": 0.0, "learn": 0.0, "evaluate": 0.0}
+        self.start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def __call__(self, part: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - start
+
+    def line(self) -> str:
+        parts = ", ".join(f"{part} {s:.1f} s" for part, s in self.seconds.items())
+        return f"{time.perf_counter() - self.start:.1f} s ({parts})"
+
+
+def train(
+    steps: int = 20_000,
+    seed: int = 0,
+    num_envs: int = 4,
+    train_steps_per_call: int = 16,
+    initial_steps: int = 1_000,
+    batch_size: int = 64,
+    buffer_size: int = 50_000,
+    noise: float = 0.2,
+    log_interval: int = 2_000,
+    eval_episodes: int = 10,
+    jit_compile: bool = False,
+) -> dict:
+    """Collects `steps` env steps and learns from them, one update per env step; see the module docstring."""
+    keras.utils.set_random_seed(seed)
+    env = make_vector_env(ENV_ID, num_envs)
+    spec = transition_spec(env.single_observation_space, env.single_action_space)
+    max_action = float(env.single_action_space.high[0])  # type: ignore[attr-defined]
+    agent = Ddpg(spec.observation.shape[0], spec.action.shape[0], max_action)
+    buffer = tfreplay.TFUniformReplayBuffer(spec, batch_size=num_envs, max_length=buffer_size // num_envs, seed=seed)
+    learn = tfreplay.TrainLoop(
+        buffer, agent.train_step, train_steps_per_call, batch_size, metrics="mean", jit_compile=jit_compile
+    )
+    returns, clock, greedy = AverageReturn(10), Clock(), float("nan")
+    driver = StepDriver(env, RandomPolicy(env.single_action_space, seed=seed), [buffer.add_batch, returns], num_envs)
+    with clock("collect"):
+        driver.run(max(initial_steps, batch_size))  # the first sample needs a batch in the buffer
+    driver.policy = NoisyPolicy(agent, noise, seed)
+
+    def evaluate_greedy(episodes: int, offset: int) -> float:
+        with clock("evaluate"):
+            policy = NoisyPolicy(agent, 0.0, seed)
+            return float(np.mean(evaluate(ENV_ID, policy, episodes, seed=seed + offset)))
+
+    credit, logged = 0, driver.num_env_steps
+    while driver.num_env_steps < steps:
+        with clock("collect"):
+            credit += driver.run()
+        while credit >= train_steps_per_call:
+            with clock("learn"):
+                metrics = {name: float(value) for name, value in learn().items()}  # read back: the call is done
+            credit -= train_steps_per_call
+        if driver.num_env_steps - logged >= log_interval or driver.num_env_steps >= steps:
+            logged = driver.num_env_steps
+            greedy = evaluate_greedy(eval_episodes, 1_000 + logged)
+            print(
+                f"env steps {driver.num_env_steps:6d} | episodes {driver.num_episodes:4d} | "
+                f"return {returns.result():7.1f} | greedy {greedy:7.1f} | "
+                f"critic loss {metrics['critic_loss']:.3f} | {clock.line()}"
+            )
+    env.close()
+    num_train_steps = int(agent.critic_optimizer.iterations)
+    rate = num_train_steps / max(clock.seconds["learn"], 1e-9)
+    print(f"greedy return {greedy:.1f} over {eval_episodes} episodes | {num_train_steps} train steps, {rate:.0f}/s")
+    print(f"time: {clock.line()}")
+    return {
+        "num_env_steps": driver.num_env_steps,
+        "num_train_steps": num_train_steps,
+        "greedy_return": greedy,
+        "seconds": dict(clock.seconds),
+        "agent": agent,
+        "buffer": buffer,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--steps", type=int, default=20_000, help="environment steps to collect, over all envs")
+    add("--seed", type=int, default=0)
+    add("--num-envs", "--num_envs", type=int, default=4, help="sub-environments of the collect vector env")
+    add("--train-steps-per-call", "--train_steps_per_call", type=int, default=16, help="K updates per graph call")
+    add("--initial-steps", "--initial_steps", type=int, default=1_000, help="random actions before learning")
+    add("--batch-size", "--batch_size", type=int, default=64)
+    add("--noise", type=float, default=0.2, help="standard deviation of the exploration noise")
+    add("--log-interval", "--log_interval", type=int, default=2_000, help="env steps between progress lines")
+    add("--eval-episodes", "--eval_episodes", type=int, default=10, help="greedy episodes per evaluation")
+    add("--jit-compile", "--jit_compile", action="store_true", help="compile the train loop with XLA")
+    args = parser.parse_args(argv)
+    for name in ("steps", "num_envs", "train_steps_per_call", "batch_size", "log_interval", "eval_episodes"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} ({getattr(args, name)}) must be a positive integer")
+    return train(
+        args.steps, args.seed, args.num_envs, args.train_steps_per_call, args.initial_steps, args.batch_size,
+        noise=args.noise, log_interval=args.log_interval, eval_episodes=args.eval_episodes,
+        jit_compile=args.jit_compile,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
