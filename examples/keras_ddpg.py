@@ -1,6 +1,6 @@
 """DDPG on Pendulum-v1 in Keras: actor and critic learn many steps per graph call from a tfreplay buffer.
 
-    python -m examples.keras_ddpg                               # 20,000 env steps, a few minutes on 2 cores
+    python -m examples.keras_ddpg                               # 20,000 env steps: about a minute on 2 cores
     python -m examples.keras_ddpg --steps=4000 --train-steps-per-call=1
     TF_USE_LEGACY_KERAS=1 python -m examples.keras_ddpg         # the same with tf-keras
 

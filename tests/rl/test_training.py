@@ -4,6 +4,7 @@ import importlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -134,6 +135,7 @@ def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Greedy evaluation over 20 episodes" in out
     assert "CartPole-v1: average return" in out and "env steps/s" in out and "train steps/s" in out
+    assert re.search(r"^Time: collect \d+\.\d s, learn \d+\.\d s, evaluate \d+\.\d s \(of \d+\.\d s\)$", out, re.M)
     assert (tmp_path / "learning_curve.png").stat().st_size > 0
     assert list((tmp_path / "checkpoints").glob("ckpt-300.index"))
 
@@ -294,6 +296,9 @@ def test_a_short_prioritized_run_trains_and_moves_the_priorities():
     assert result.num_train_steps == ((480 - 200) // 4 + 1) * 2 and np.isfinite(result.history[-1]["loss"])
     _, info = result.buffer.get_next(sample_batch_size=500)
     assert np.ptp(info.probabilities.numpy()) > 0  # no longer the uniform 1 / 400
+    # Where the time went: each part measured, together within the run's wall time.
+    assert list(result.seconds) == ["collect", "learn", "evaluate"] and min(result.seconds.values()) > 0
+    assert sum(result.seconds.values()) <= result.wall_time
 
 
 def test_the_demo_flags_choose_the_replay():

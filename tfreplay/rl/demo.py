@@ -14,6 +14,8 @@ Writes checkpoints (agent + buffer), `history.json`, TensorBoard summaries and
 `learning_curve.png` under `--output_dir`. `--prioritized` replays from a
 `TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
 train step); `--n_step=N` learns from N-step returns.
+The last lines give the greedy evaluation (20 episodes at once, in a vector
+env) and where the time went: collect, learn and evaluate seconds.
 
 Needs the `rl` extra (`pip install ".[rl]"` in a checkout, or `"<wheel>[rl]"`); the progress bar
 (tqdm), the summaries (tensorboard) and the plot (matplotlib) come with the `examples` extra, and
@@ -94,6 +96,7 @@ def main(argv: Sequence[str]) -> None:
         stopped = f" (stopped early: an evaluation reached the reward threshold, {threshold})"
     print(f"Environment steps: {result.num_env_steps}, train steps: {result.num_train_steps}{stopped}")
     print(f"Wrote {_written(FLAGS.output_dir)} under {FLAGS.output_dir}")
+    print(f"Time: {result.time_breakdown()}")
     print(f"{config.env_id}: {result.summary()}")
 
 

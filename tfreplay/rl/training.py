@@ -29,11 +29,12 @@ goes on without its bar, summaries or plot and says so in one line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -123,7 +124,10 @@ class TrainResult:
     """What a run measured.
 
     Rates are over the training loop (collection, training and the periodic
-    evaluations; not setup, nor the final evaluation).
+    evaluations; not setup, nor the final evaluation). `seconds` says where
+    the run's time went: `collect` (the driver, policy included), `learn`
+    (the train steps) and `evaluate` (the greedy evaluations, the final one
+    included).
     """
 
     average_return: float
@@ -137,6 +141,7 @@ class TrainResult:
     output_dir: str | None
     agent: DqnAgent
     buffer: ReplayBuffer
+    seconds: dict = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         return (
@@ -144,6 +149,11 @@ class TrainResult:
             f"wall time {self.wall_time:.0f} s | {self.env_steps_per_sec:.0f} env steps/s | "
             f"{self.train_steps_per_sec:.0f} train steps/s"
         )
+
+    def time_breakdown(self) -> str:
+        """Where the run's time went, e.g. `collect 12 s, learn 40 s, evaluate 3 s (of 58 s)`."""
+        parts = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in self.seconds.items())
+        return f"{parts} (of {self.wall_time:.1f} s)"
 
 
 def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
@@ -266,6 +276,7 @@ class _Run:
         else:
             self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed)
         self.returns, self.lengths = AverageReturn(20), AverageEpisodeLength(20)
+        self.seconds = {"collect": 0.0, "learn": 0.0, "evaluate": 0.0}
         policy = self.agent.policy(lambda: linear_epsilon(c, int(self.env_steps.numpy())), seed=c.seed)
         self.driver = StepDriver(
             self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
@@ -311,14 +322,25 @@ class _Run:
     def iterate(self, loss: float, credit: float) -> tuple[float, float]:
         """One vector step of collection, then the train steps it earned."""
         c = self.config
-        self.env_steps.assign_add(self.driver.run())
+        with self.timed("collect"):
+            self.env_steps.assign_add(self.driver.run())
         if int(self.env_steps.numpy()) < c.initial_collect_steps:
             return loss, credit
         credit += c.train_steps_per_env_step * c.num_envs
-        while credit >= c.train_steps_per_call:
-            loss = float(self.train_once().loss)
-            credit -= c.train_steps_per_call
+        with self.timed("learn"):
+            while credit >= c.train_steps_per_call:
+                loss = float(self.train_once().loss)  # read back: the step is done
+                credit -= c.train_steps_per_call
         return loss, credit
+
+    @contextlib.contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        """Adds the block's seconds to `seconds[part]`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - start
 
     def train_once(self) -> LossInfo:
         """`train_steps_per_call` train steps (with priorities: weights, train, update, one graph each); the
@@ -349,9 +371,10 @@ class _Run:
         """A greedy evaluation during training; keeps the best weights. True: stop early."""
         c = self.config
         steps = int(self.env_steps.numpy())
-        mean = float(
-            np.mean(evaluate(c.env_id, self.agent.policy(), c.num_interval_eval_episodes, seed=c.seed + 20_000 + steps))
-        )
+        seed = c.seed + 20_000 + steps
+        with self.timed("evaluate"):
+            returns = evaluate(c.env_id, self.agent.policy(), c.num_interval_eval_episodes, seed=seed)
+        mean = float(np.mean(returns))
         self.history[-1]["eval_return"] = mean  # loop() logged a point at this step
         if mean >= self.best_return.numpy():
             self.best_return.assign(mean)
@@ -421,7 +444,8 @@ def train_dqn(config: DqnConfig | None = None, **overrides: Any) -> TrainResult:
     loop_time = run.loop()
     run.env.close()
     run.restore_best()
-    eval_returns = evaluate(config.env_id, run.agent.policy(), config.num_eval_episodes, seed=config.seed + 10_000)
+    with run.timed("evaluate"):
+        eval_returns = evaluate(config.env_id, run.agent.policy(), config.num_eval_episodes, seed=config.seed + 10_000)
     run.save()
     if config.output_dir:
         if _optional.available("matplotlib", "no learning_curve.png is drawn"):
@@ -442,4 +466,5 @@ def train_dqn(config: DqnConfig | None = None, **overrides: Any) -> TrainResult:
         output_dir=config.output_dir,
         agent=run.agent,
         buffer=run.buffer,
+        seconds=dict(run.seconds),
     )
