@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo test-pythons bench bench-prioritized bench-windows lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
+.PHONY: test demo test-pythons bench bench-prioritized bench-windows bench-learner lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-prioritized: $(VENV)/.installed-bench
 
 bench-windows: $(STAMP)
 	$(PY) -m benchmarks.windows --markdown
+
+# Replay-to-update pipelines side by side (NumPy buffer, as_dataset, get_next, TrainLoop K, XLA) on the demo's
+# Q-network and the DDPG example's update. `make bench-learner ARGS="--rounds 3 --only ddpg"` passes flags.
+bench-learner: $(STAMP) $(DEMO_STAMP)
+	$(PY) -m benchmarks.learner $(ARGS)
 
 # The docs site into site/: mkdocs-material, API pages from the docstrings (mkdocstrings), the tutorials/ scripts
 # rendered unexecuted (mkdocs-jupyter, through the docs/tutorials link); --strict fails on any warning.
