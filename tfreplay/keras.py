@@ -7,7 +7,7 @@ reads, `fit_map` the function between the two (for a dataset you build):
     import tfreplay.keras
 
     dataset = tfreplay.keras.fit_dataset(buffer, 64, x="observation", y="reward")
-    model.fit(dataset, steps_per_epoch=100)
+    model.fit(dataset, steps_per_epoch=100, shuffle=False)
 
 With `beta`, the third element is each sample's importance weight, the
 correction of prioritized replay (Schaul et al., 2016): `(N * P(i)) ** -beta`
