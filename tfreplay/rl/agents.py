@@ -296,9 +296,7 @@ class DqnAgent(tf.Module):
             return self.train(items)
 
         def prioritized(items: Nest, info: BufferInfo) -> tuple[LossInfo, tf.Tensor]:
-            weights = importance_weights(info.probabilities, buffer.num_frames(), exponent())
-            loss_info = self.train(items, weights)
-            return loss_info, tf.cast(loss_info.abs_td_errors, tf.float64) + priority_eps
+            return weighted_train(self, buffer, items, info, exponent(), priority_eps)
 
         return TrainLoop(
             buffer,
@@ -366,3 +364,13 @@ class DqnAgent(tf.Module):
     def policy(self, epsilon: Any = 0.0, seed: int | None = None) -> EpsilonGreedyPolicy:
         """An `EpsilonGreedyPolicy` over the online Q-network (greedy by default)."""
         return EpsilonGreedyPolicy(self.q_network, self.num_actions, epsilon=epsilon, seed=seed)
+
+
+def weighted_train(
+    agent: DqnAgent, buffer: Any, items: Nest, info: BufferInfo, beta: Any, priority_eps: float
+) -> tuple[LossInfo, tf.Tensor]:
+    """A train step on a prioritized sample, weighted by `importance_weights`; returns the `LossInfo` and the
+    items' new priorities, `|TD error| + priority_eps` (float64), for the caller to give them."""
+    weights = importance_weights(info.probabilities, buffer.num_frames(), beta)
+    loss_info = agent.train(items, weights)
+    return loss_info, tf.cast(loss_info.abs_td_errors, tf.float64) + priority_eps

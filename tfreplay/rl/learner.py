@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay import NStepReturns, ReplayBuffer, importance_weights
+from tfreplay import NStepReturns, ReplayBuffer
 from tfreplay.keras import keras_module
-from tfreplay.rl.agents import DqnAgent, LossInfo
+from tfreplay.rl.agents import DqnAgent, LossInfo, weighted_train
 
 
 def beta_schedule(config: Any) -> Callable[[Any], tf.Tensor]:
@@ -53,9 +53,8 @@ def prioritized_train_step(
       The agent's `LossInfo`.
     """
     items, info = experience
-    weights = importance_weights(info.probabilities, buffer.num_frames(), beta)
-    loss_info = agent.train(items, weights)
-    buffer.update_priorities(info.ids, tf.cast(loss_info.abs_td_errors, tf.float64) + priority_eps)
+    loss_info, priorities = weighted_train(agent, buffer, items, info, beta, priority_eps)
+    buffer.update_priorities(info.ids, priorities)
     return loss_info
 
 
