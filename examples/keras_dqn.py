@@ -1,17 +1,20 @@
 """Double DQN on CartPole-v1 in Keras 3: a `keras.Model` whose `train_step` samples the replay buffer in its graph.
 
-    python -m examples.keras_dqn                          # 20,000 env steps
+    python -m examples.keras_dqn                          # 20,000 env steps, 4 updates per train_step
     python -m examples.keras_dqn --steps=600 --prioritized
-    python -m examples.keras_dqn --checkpoint_dir=runs/keras_dqn
+    python -m examples.keras_dqn --train_steps_per_call=1 --checkpoint_dir=runs/keras_dqn
 
-`model.fit` drives the run. Before each train step a callback steps the
-collect driver (4 CartPole environments, epsilon-greedy on the model) and the
-driver adds the transitions to a `TFUniformReplayBuffer`. The model's
-`train_step` then draws its batch with `buffer.get_next` inside the same
-compiled function as the gradient step, so no `tf.data` pipeline sits between
-buffer and model. With `--prioritized` the buffer is a
+`model.fit` drives the run. Before each of its train steps a callback steps
+the collect driver (4 CartPole environments, epsilon-greedy on the model) and
+the driver adds the transitions to a `TFUniformReplayBuffer`. The model's
+`train_step` is a `tfreplay.TrainLoop`: `--train_steps_per_call` gradient
+updates, each on a batch drawn with `get_next` inside the same compiled
+function, so no `tf.data` pipeline sits between buffer and model and the
+per-call cost of TensorFlow is paid once per K updates. The callback collects
+K vector steps before each call, so the ratio of updates to environment steps
+is the same for every K. With `--prioritized` the buffer is a
 `TFPrioritizedReplayBuffer`: the loss is weighted by the importance weights
-and the train step gives the sampled items their new priorities.
+and each update gives the items it sampled their new priorities.
 
 At the end, model, optimizer and buffer are saved together with one
 `tf.train.Checkpoint` and restored into a fresh model and buffer, which must
@@ -61,6 +64,7 @@ class DqnModel(keras.Model):
       batch_size: transitions per train step.
       target_update_period: train steps between copies of the online network into the target network.
       beta: importance-weight exponent (prioritized buffers only).
+      train_steps_per_call: gradient updates per `train_step` (one `TrainLoop` call).
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class DqnModel(keras.Model):
         batch_size: int = 64,
         target_update_period: int = 200,
         beta: float = 0.4,
+        train_steps_per_call: int = 4,
     ):
         super().__init__()
         self.buffer = buffer
@@ -81,6 +86,7 @@ class DqnModel(keras.Model):
         self.update_target()
         self.gamma, self.batch_size, self.period, self.beta = gamma, batch_size, target_update_period, beta
         self.prioritized = isinstance(buffer, tfreplay.TFPrioritizedReplayBuffer)
+        self.learn = tfreplay.TrainLoop(buffer, self.update, train_steps_per_call, batch_size, metrics="mean")
 
     def call(self, observation: tf.Tensor, training: bool = False) -> tf.Tensor:
         return self.online(observation, training=training)
@@ -91,8 +97,12 @@ class DqnModel(keras.Model):
         return tf.constant(True)
 
     def train_step(self, data: Any) -> dict:
-        del data  # the batch comes from the buffer, drawn here, in this graph
-        items, info = self.buffer.get_next(sample_batch_size=self.batch_size)
+        del data  # the batches come from the buffer, drawn inside this graph
+        return self.learn()
+
+    def update(self, items: Any, info: Any) -> Any:
+        """One gradient update on `items` (the `TrainLoop`'s step); with a prioritized buffer also the sampled
+        items' new priorities, `|TD error| + 1e-6`."""
         best = tf.argmax(self.online(items.next_observation), axis=-1, output_type=tf.int32)
         next_q = tf.gather(self.target(items.next_observation), best, batch_dims=1)
         targets = tf.stop_gradient(items.reward + self.gamma * items.discount * next_q)
@@ -106,21 +116,22 @@ class DqnModel(keras.Model):
             loss = self.compute_loss(y=targets[:, None], y_pred=chosen[:, None], sample_weight=weights)
         variables = self.online.trainable_variables
         self.optimizer.apply(tape.gradient(loss, variables), variables)
-        if self.prioritized:
-            self.buffer.update_priorities(info.ids, tf.cast(tf.abs(targets - chosen), tf.float64) + 1e-6)
         tf.cond(self.optimizer.iterations % self.period == 0, self.update_target, lambda: tf.constant(False))
-        return {"loss": loss, "q": tf.reduce_mean(chosen)}
+        metrics = {"loss": loss, "q": tf.reduce_mean(chosen)}
+        if self.prioritized:
+            return metrics, tf.cast(tf.abs(targets - chosen), tf.float64) + 1e-6
+        return metrics
 
 
 class Collect(keras.callbacks.Callback):
-    """Steps the collect driver before every train step: `num_envs` new transitions per gradient step."""
+    """Steps the collect driver before every train step: `num_envs` new transitions per gradient update."""
 
-    def __init__(self, driver: StepDriver):
+    def __init__(self, driver: StepDriver, updates_per_call: int):
         super().__init__()
-        self.driver = driver
+        self.driver, self.num_steps = driver, updates_per_call * driver.num_envs
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self.driver.run()
+        self.driver.run(self.num_steps)
 
 
 class Log(keras.callbacks.Callback):
@@ -134,13 +145,13 @@ class Log(keras.callbacks.Callback):
         print(f"env steps {steps:6d} | average return {average:6.1f} | loss {loss:.3f}")
 
 
-def build(spec: Any, num_envs: int, prioritized: bool, seed: int) -> tuple[DqnModel, Any]:
+def build(spec: Any, num_envs: int, prioritized: bool, seed: int, steps_per_call: int) -> tuple[DqnModel, Any]:
     """A compiled model and its empty buffer (the same calls build the copy a checkpoint is restored into)."""
     if prioritized:
         buffer = tfreplay.TFPrioritizedReplayBuffer(spec, num_envs, max_length=10_000, alpha=0.6, seed=seed)
     else:
         buffer = tfreplay.TFUniformReplayBuffer(spec, num_envs, max_length=10_000, seed=seed)
-    model = DqnModel(buffer, num_actions=2, num_inputs=spec.observation.shape[0])
+    model = DqnModel(buffer, 2, spec.observation.shape[0], train_steps_per_call=steps_per_call)
     # jit_compile=False: the buffer's sampling ops run outside XLA.
     model.compile(optimizer=keras.optimizers.Adam(5e-4), loss=keras.losses.Huber(), jit_compile=False)
     model.optimizer.build(model.online.trainable_variables)  # its slots exist now, so a restore fills them at once
@@ -154,13 +165,19 @@ def checkpoint(model: DqnModel, buffer: Any) -> tf.train.Checkpoint:
 
 
 def train(
-    steps: int = 20_000, seed: int = 0, num_envs: int = 4, prioritized: bool = False, checkpoint_dir: str | None = None
+    steps: int = 20_000,
+    seed: int = 0,
+    num_envs: int = 4,
+    prioritized: bool = False,
+    checkpoint_dir: str | None = None,
+    train_steps_per_call: int = 4,
 ) -> dict:
-    """Collects `steps` env steps, one train step per vector step after 1,000 random ones; saves, restores, checks."""
+    """Collects `steps` env steps, one gradient update per vector step after 1,000 random ones, in train steps of
+    `train_steps_per_call` updates; saves, restores, checks."""
     keras.utils.set_random_seed(seed)
     env = make_vector_env(ENV_ID, num_envs)
     spec = transition_spec(env.single_observation_space, env.single_action_space)
-    model, buffer = build(spec, num_envs, prioritized, seed)
+    model, buffer = build(spec, num_envs, prioritized, seed, train_steps_per_call)
     returns = AverageReturn(20)
     driver = StepDriver(env, RandomPolicy(env.single_action_space, seed=seed), [buffer.add_batch, returns], num_envs)
     driver.run(min(1_000, steps // 2))  # the buffer must hold a batch before the first train step samples it
@@ -168,19 +185,21 @@ def train(
     epsilon = lambda: max(0.05, 1.0 - driver.num_env_steps / decay)  # noqa: E731
     driver.policy = EpsilonGreedyPolicy(model, env.single_action_space, epsilon=epsilon, seed=seed)
 
-    num_train_steps = max((steps - driver.num_env_steps) // num_envs, 1)
+    num_train_steps = max((steps - driver.num_env_steps) // (num_envs * train_steps_per_call), 1)  # fit's steps
     epochs = min(10, num_train_steps)
     no_data = tf.data.Dataset.from_tensors(tf.zeros([1])).repeat()  # fit needs an x; train_step ignores it
     model.fit(
         no_data, epochs=epochs, steps_per_epoch=num_train_steps // epochs, shuffle=False, verbose=0,
-        callbacks=[Collect(driver), Log(driver, returns)],
+        callbacks=[Collect(driver, train_steps_per_call), Log(driver, returns)],
     )  # fmt: skip
     env.close()
     greedy = evaluate(ENV_ID, EpsilonGreedyPolicy(model, 2, epsilon=0.0), num_episodes=10, seed=seed + 1)
 
     directory = checkpoint_dir or tempfile.mkdtemp(prefix="keras_dqn_")
     path = checkpoint(model, buffer).save(os.path.join(directory, "ckpt"))
-    copy, copy_buffer = build(spec, num_envs, prioritized, seed + 1)  # other initial weights, an empty buffer
+    copy, copy_buffer = build(
+        spec, num_envs, prioritized, seed + 1, train_steps_per_call
+    )  # other initial weights, an empty buffer
     checkpoint(copy, copy_buffer).restore(path).assert_existing_objects_matched()
     observations = buffer.gather_all().observation[0, :256]
     same_q = np.allclose(model(observations), copy(observations))
@@ -208,10 +227,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--num_envs", type=int, default=4)
     parser.add_argument("--prioritized", action="store_true", help="prioritized replay (alpha 0.6, beta 0.4)")
     parser.add_argument("--checkpoint_dir", default=None, help="where the checkpoint goes (default: a temp dir)")
+    parser.add_argument("--train_steps_per_call", type=int, default=4, help="gradient updates per train_step")
     args = parser.parse_args(argv)
+    if args.train_steps_per_call < 1:
+        parser.error(f"--train_steps_per_call ({args.train_steps_per_call}) must be a positive integer")
     if args.steps < 2 * args.num_envs:
         parser.error(f"--steps ({args.steps}) must be at least 2 * --num_envs ({2 * args.num_envs})")
-    return train(args.steps, args.seed, args.num_envs, args.prioritized, args.checkpoint_dir)
+    return train(args.steps, args.seed, args.num_envs, args.prioritized, args.checkpoint_dir, args.train_steps_per_call)
 
 
 if __name__ == "__main__":
