@@ -321,6 +321,7 @@ def test_the_demo_flags_choose_the_replay():
     finally:
         flags.FLAGS.unparse_flags()
     assert (config.prioritized, config.n_step, config.stop_at_return) == (False, 1, 475.0)
+    assert config.train_steps_per_call == 16  # the demo learns through the fused loop
     with pytest.raises(flags.IllegalFlagValueError, match="n_step"):
         flags.FLAGS(["demo", "--n_step=0"])
     flags.FLAGS.unparse_flags()

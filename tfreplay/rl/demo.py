@@ -4,12 +4,14 @@
     tfreplay-demo --steps=2000                   # a short run (under a minute)
     tfreplay-demo --steps=80000 --resume         # continue the saved run
     tfreplay-demo --prioritized --n_step=3       # prioritized replay, 3-step returns
-    tfreplay-demo --train_steps_per_call=16      # 16 train steps per graph call (tfreplay.TrainLoop)
+    tfreplay-demo --train_steps_per_call=1       # one train step per call, from as_dataset
     tensorboard --logdir runs/demo/tensorboard
 
 A vectorised collect driver feeds a `TFUniformReplayBuffer` through its
-`add_batch` observer; the learner reads batches of 128 single transitions
-(`as_dataset(sample_batch_size=128)`, each with its `next_observation`).
+`add_batch` observer; the learner runs 16 train steps per graph call
+(`tfreplay.TrainLoop`), each on 128 single transitions drawn inside that
+graph, each with its `next_observation`; `--train_steps_per_call=1` reads
+them from `as_dataset(sample_batch_size=128)` one step per call instead.
 Writes checkpoints (agent + buffer), `history.json`, TensorBoard summaries and
 `learning_curve.png` under `--output_dir`. `--prioritized` replays from a
 `TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
@@ -50,8 +52,9 @@ flags.DEFINE_boolean("progress", True, "Show progress (a tqdm bar; plain lines w
 flags.DEFINE_boolean("prioritized", False, "Prioritized replay (alpha 0.6, beta 0.4 annealed to 1).")
 flags.DEFINE_integer("n_step", 1, "Learn from n-step returns (1: single transitions).", lower_bound=1)
 flags.DEFINE_integer(
-    "train_steps_per_call", 1, "Train steps per graph call, sampled inside it (1: one per call).", lower_bound=1
-)
+    "train_steps_per_call", 16, "Train steps per graph call, sampled inside it (1: one per call, from as_dataset).",
+    lower_bound=1,
+)  # fmt: skip
 FLAGS = flags.FLAGS
 
 
