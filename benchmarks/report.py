@@ -71,11 +71,13 @@ def table(cases: List[Dict[str, Any]]) -> str:
 
 def render(data: Dict[str, Any]) -> str:
     machine, commit = data.get("machine_info", {}), data.get("commit_info", {})
+    load = machine.get("load_average_1min")
+    load = f"{load:.1f}" if isinstance(load, (int, float)) else "?"
     head = (
         f"{data.get('datetime', '?')[:10]}; {machine.get('cpu_count', '?')} CPUs "
         f"({machine.get('cpu', {}).get('brand_raw', machine.get('processor', '?'))}), "
         f"Python {machine.get('python_version', '?')}, TensorFlow {machine.get('tensorflow', '?')}; "
-        f"1-min load average {machine.get('load_average_1min', '?')} at the start; "
+        f"1-min load average {load} at the start; "
         f"commit {str(commit.get('id', '?'))[:10]}{' (dirty)' if commit.get('dirty') else ''}"
     )
     out = [head]
