@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo test-pythons bench bench-prioritized bench-windows bench-learner lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
+.PHONY: test demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,23 +49,37 @@ $(DEMO_STAMP): setup.py $(KERNELS) | $(VENV)/bin/python
 demo: $(DEMO_STAMP)
 	$(PY) -m tfreplay.rl.demo $(ARGS)
 
-bench: $(STAMP)
-	$(PY) -m benchmarks.run
+# The benchmarks (benchmarks/test_*.py, pytest-benchmark; docs/benchmarks.md): each group of cases beside its floor,
+# measured in the same run. A run saves its JSON under .benchmarks/ (`--benchmark-compare` sets a run beside the last
+# saved one; `pytest-benchmark compare` lists them) and prints a Markdown table per group. `make bench` runs the
+# uniform buffers (about a minute); `make bench BENCH=benchmarks` every file; `make bench ARGS="-k cartpole"` passes
+# pytest arguments.
+BENCH ?= benchmarks/test_buffers.py
+BENCH_PYTEST = -m pytest -c benchmarks/pytest.ini --benchmark-autosave --benchmark-json=.benchmarks/last.json
 
 $(VENV)/.installed-bench: setup.py $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"
 	touch $@
 
+bench: $(VENV)/.installed-bench
+	mkdir -p .benchmarks
+	$(PY) $(BENCH_PYTEST) $(BENCH) $(ARGS)
+	$(PY) -m benchmarks.report .benchmarks/last.json
+
 bench-prioritized: $(VENV)/.installed-bench
-	$(PY) -m benchmarks.prioritized
+	$(MAKE) bench BENCH=benchmarks/test_prioritized.py
 
-bench-windows: $(STAMP)
-	$(PY) -m benchmarks.windows --markdown
+bench-windows: $(VENV)/.installed-bench
+	$(MAKE) bench BENCH=benchmarks/test_windows.py
 
-# Replay-to-update pipelines side by side (NumPy buffer, as_dataset, get_next, TrainLoop K, XLA) on the demo's
-# Q-network and the DDPG example's update. `make bench-learner ARGS="--rounds 3 --only ddpg"` passes flags.
-bench-learner: $(STAMP) $(DEMO_STAMP)
-	$(PY) -m benchmarks.learner $(ARGS)
+# Replay-to-update pipelines side by side (NumPy buffer, as_dataset, get_next, TrainLoop K, XLA) against the
+# constant-batch floor, on the demo's Q-network and the DDPG example's update (a few minutes).
+bench-learner: $(VENV)/.installed-bench $(DEMO_STAMP)
+	$(MAKE) bench BENCH=benchmarks/test_learner.py
+
+# The learner and the buffer's add/sample on the GPU beside the CPU (under 10 minutes); ARGS=--cpu-only without one.
+bench-gpu: $(STAMP) $(DEMO_STAMP)
+	$(PY) -m benchmarks.gpu $(ARGS)
 
 # The docs site into site/: mkdocs-material, API pages from the docstrings (mkdocstrings), the tutorials/ scripts
 # rendered unexecuted (mkdocs-jupyter, through the docs/tutorials link); --strict fails on any warning.
@@ -127,8 +141,11 @@ bazel-test: $(STAMP)
 	bazel build --python_path=$(CURDIR)/$(PY) //...
 	bazel test --python_path=$(CURDIR)/$(PY) --sandbox_writable_path=$(HOME)/.cache/tfreplay $(BAZEL_TESTS)
 
-bench-peers: $(COMPAT_STAMP)
-	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.peers
+# tfreplay beside TF-Agents, cpprb and Reverb, and TF-Agents' own DqnAgent loop beside tfreplay's, on TF 2.15.
+bench-peers: $(COMPAT_OPS)
+	mkdir -p .benchmarks
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) $(BENCH_PYTEST) benchmarks/test_peers.py benchmarks/test_learner.py -k "peers or tf_agents" $(ARGS)
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.report .benchmarks/last.json
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache .ruff_cache .benchmarks

@@ -92,6 +92,7 @@ TEST = (
         "ipykernel>=6.20",
         "jupytext>=1.16",  # the tutorials are percent scripts, converted to notebooks to run
         "sybil[pytest]>=6",  # runs every python block of README.md and docs/ (the root conftest.py)
+        "pytest-benchmark>=4",  # tests/benchmarks runs the benchmark files on tiny sizes
     ]
     + EXAMPLES
     + RAY
@@ -123,7 +124,8 @@ setup(
         "ray": RAY,
         "datasets": DATASETS,
         "minari": MINARI,
-        "bench": ["cpprb>=10.7"],  # benchmarks/prioritized.py compares against its PrioritizedReplayBuffer
+        # benchmarks/: pytest-benchmark runs them; test_prioritized.py and test_peers.py time cpprb beside tfreplay
+        "bench": ["pytest-benchmark>=4", "cpprb>=10.7"],
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "mkdocs-jupyter>=0.24"],
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],
     },

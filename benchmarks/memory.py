@@ -1,9 +1,14 @@
-"""Resident memory of the process, and its growth while a buffer is built.
+"""Memory of the uniform buffers: storage bytes against the spec's, and resident memory while built and filled.
 
-RSS is read from `/proc/self/statm` (Linux) or `psutil` elsewhere. While a
-buffer is created a thread samples RSS every millisecond, so a transient
-copy (an initial value that is freed once the variable holds it) shows up in
-the peak even though it is gone afterwards.
+    python -m benchmarks.memory [--workload cartpole|atari|all]
+
+Per workload of `benchmarks/common.py` and buffer (TF, Py): `nbytes / capacity`
+against the spec's bytes per item, and the process's RSS growth while the
+buffer is created (after, and the peak sampled every millisecond, which shows a
+transient copy) and once every row has been written (NumPy's zeroed pages only
+become resident when written). The limit on RSS once filled: the items' spec
+bytes + 1/16 (TensorFlow's allocator alone keeps that much more for a huge
+tensor) + 32 MiB. RSS is read from `/proc/self/statm` (Linux) or `psutil`.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import gc
 import os
 import threading
 import time
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Sequence, Tuple
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -94,3 +99,63 @@ def build_and_fill(make: Callable[[], Any], fill: Callable[[Any], None]) -> Tupl
     fill(obj)
     gc.collect()
     return obj, created, sampler.peak - before, rss_bytes() - before
+
+
+MIB = 1 << 20
+SLACK, ALLOCATOR_SLACK = 32 * MIB, 1 / 16
+
+
+def report(name: str, buffer: str, w: Any) -> MemoryReport:
+    """Builds and fills one buffer of workload `w`, measuring it."""
+    import numpy as np
+    import tensorflow as tf
+
+    import tfreplay
+    from benchmarks.common import fill_in_graph
+
+    batch = w.make_batch(np.random.default_rng(0))
+    if buffer == "TF":
+        make = lambda: tfreplay.TFUniformReplayBuffer(w.spec, w.batch_size, w.max_length, seed=0)  # noqa: E731
+        fill = lambda rb: fill_in_graph(rb.add_batch, tf.nest.map_structure(tf.constant, batch), w.max_length)  # noqa: E731
+    else:
+        make = lambda: tfreplay.PyUniformReplayBuffer(w.spec, batch_size=w.batch_size, max_length=w.max_length)  # noqa: E731
+
+        def fill(rb: Any) -> None:
+            for _ in range(w.max_length):
+                rb.add_batch(batch)
+
+    rb, created, peak, filled = build_and_fill(make, fill)
+    spec_bytes = sum(s.shape.num_elements() * s.dtype.size for s in w.spec.values())
+    return MemoryReport(rb.nbytes, rb.capacity, spec_bytes, created, peak, filled)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from benchmarks.common import WORKLOADS
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=["all"] + sorted(WORKLOADS), default="all")
+    args = parser.parse_args(argv)
+    print(
+        "| workload | buffer | spec B/item | nbytes/capacity | spec x capacity MiB | RSS created MiB "
+        "| RSS peak MiB | RSS filled MiB | limit MiB | met? |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for name, w in WORKLOADS.items():
+        if args.workload not in ("all", name):
+            continue
+        for buffer in ("TF", "Py"):
+            m = report(name, buffer, w)
+            limit = m.expected * (1 + ALLOCATOR_SLACK) + SLACK
+            met = "yes" if m.nbytes == m.expected and m.filled <= limit else "NO"
+            print(
+                f"| {name} | {buffer} | {m.spec_bytes} | {m.nbytes / m.capacity:g} | {m.expected / MIB:.1f} | "
+                f"{m.created / MIB:.1f} | {m.peak / MIB:.1f} | {m.filled / MIB:.1f} | {limit / MIB:.0f} | {met} |"
+            )
+            gc.collect()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,92 +1,20 @@
-"""Targets of issue 2, and the tables: plain text or Markdown.
+"""Markdown tables from pytest-benchmark's JSON: one per group, each case against its group's baseline.
 
-Absolute targets (0.15 ms per add, 1M items/s) are stated for the CartPole
-workload and checked only there; ratio targets (ours / NumPy on the same
-rows) and the memory target are checked on every workload.
+    python -m benchmarks.report .benchmarks/last.json
+
+Reads the file `--benchmark-json` wrote (`make bench` writes .benchmarks/last.json).
+A row's time is pytest-benchmark's median per timed call over `ops`, the
+operations that call made (a graph loop of 200 calls counts 200), so it reads
+per operation; "noise" is the interquartile range over the median; "x base" is
+the row's median over the median of the group's case marked `role="baseline"`
+(or, without one, its first floor), timed in the same run. Floors are marked.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable, List, Sequence
-
-from benchmarks.memory import MemoryReport
-from benchmarks.timing import Timing
-
-MIB = 1 << 20
-# "O(1)": RSS a buffer may add beyond its items' spec bytes, whatever its capacity
-# (traced functions, counters, generator state).
-MEMORY_SLACK = 32 * MIB
-# TensorFlow's CPU allocator itself keeps up to 1/16 more resident than a very
-# large tensor holds: a bare `tf.zeros` of 538 MiB raises RSS by 570 MiB, and of
-# 1 GiB by 1,088 MiB (no tfreplay code involved), so the RSS check allows it.
-ALLOCATOR_SLACK = 1 / 16
-
-
-@dataclasses.dataclass
-class Row:
-    """One timed case: the subject, its NumPy baseline, and its target."""
-
-    workload: str
-    op: str
-    variant: str
-    items: int
-    subject: Timing
-    baseline: Timing
-    target: Target | None = None
-
-    @property
-    def us(self) -> float:
-        return self.subject.median * 1e6
-
-    @property
-    def numpy_us(self) -> float:
-        return self.baseline.median * 1e6
-
-    @property
-    def items_per_s(self) -> float:
-        return self.items / self.subject.median
-
-    @property
-    def ratio(self) -> float:
-        return self.subject.median / self.baseline.median
-
-    @property
-    def met(self) -> bool | None:
-        return None if self.target is None else self.target.check(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    text: str
-    check: Callable[[Row], bool]
-
-
-def timing_target(workload: str, op: str, variant: str) -> Target | None:
-    """The issue's target for a case, or None when it sets none."""
-    cartpole = workload == "cartpole"
-    if op == "add_batch":
-        if cartpole and variant.startswith("TF tf.function"):
-            return Target("<= 150 µs", lambda r: r.us <= 150)
-        return None
-    if op == "get_next":
-        limit = 1.5 if variant == "Py" else 2.0
-        return Target(f"<= {limit}x NumPy", lambda r: r.ratio <= limit)
-    if op == "as_dataset":
-        if cartpole:
-            return Target("<= 2.0x NumPy, >= 1M items/s", lambda r: r.ratio <= 2.0 and r.items_per_s >= 1e6)
-        return Target("<= 2.0x NumPy", lambda r: r.ratio <= 2.0)
-    return None
-
-
-def memory_limit(m: MemoryReport) -> float:
-    """The most RSS a full buffer may add: its items' bytes plus the slacks."""
-    return m.expected * (1 + ALLOCATOR_SLACK) + MEMORY_SLACK
-
-
-def memory_met(m: MemoryReport) -> bool:
-    """Storage is exactly the spec's bytes, and filling adds at most `memory_limit`."""
-    return m.nbytes == m.expected and m.filled <= memory_limit(m)
+import argparse
+import json
+from typing import Any, Dict, List
 
 
 def _num(x: float) -> str:
@@ -97,79 +25,77 @@ def _num(x: float) -> str:
 
 def _rate(x: float) -> str:
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if x >= scale:
+        if x / scale >= 0.9995:  # what rounds to 1.00 of this unit
             return f"{x / scale:.2f}{suffix}"
     return f"{x:.0f}"
 
 
-def _met(met: bool | None) -> str:
-    return "-" if met is None else ("yes" if met else "NO")
+def per_op(bench: Dict[str, Any]) -> float:
+    """Seconds per operation: the median per timed call over the call's operations."""
+    return bench["stats"]["median"] / bench.get("extra_info", {}).get("ops", 1)
 
 
-def timing_table(rows: Sequence[Row], markdown: bool) -> str:
-    head = ["workload", "operation", "variant", "µs/call", "items/s", "noise", "NumPy µs", "ratio", "target", "met?"]
-    body = [
-        [
-            r.workload,
-            r.op,
-            r.variant,
-            _num(r.us),
-            _rate(r.items_per_s),
-            f"±{50 * r.subject.spread:.0f}%",
-            _num(r.numpy_us),
-            f"{r.ratio:.1f}x",
-            r.target.text if r.target else "-",
-            _met(r.met),
-        ]
-        for r in rows
-    ]
-    return format_table(head, body, markdown, numeric=range(3, 8))
+def groups(benchmarks: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """The cases by group, groups and cases in run order."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for bench in benchmarks:
+        out.setdefault(bench.get("group") or "(no group)", []).append(bench)
+    return out
 
 
-def memory_table(reports: Sequence[tuple], markdown: bool) -> str:
-    """`reports`: `(workload, buffer, MemoryReport)` triples."""
-    head = [
-        "workload",
-        "buffer",
-        "spec B/item",
-        "nbytes/capacity",
-        "spec x capacity MiB",
-        "RSS created MiB",
-        "RSS peak MiB",
-        "RSS filled MiB",
-        "target (MiB)",
-        "met?",
-    ]
-    body = [
-        [
-            w,
-            b,
-            str(m.spec_bytes),
-            f"{m.nbytes / m.capacity:g}",
-            f"{m.expected / MIB:.1f}",
-            f"{m.created / MIB:.1f}",
-            f"{m.peak / MIB:.1f}",
-            f"{m.filled / MIB:.1f}",
-            f"= spec; filled <= {memory_limit(m) / MIB:.0f}",
-            _met(memory_met(m)),
-        ]
-        for w, b, m in reports
-    ]
-    return format_table(head, body, markdown, numeric=range(2, 8))
+def reference(cases: List[Dict[str, Any]]) -> Dict[str, Any] | None:
+    """The group's baseline, else its first floor."""
+    for role in ("baseline", "floor"):
+        for bench in cases:
+            if bench.get("extra_info", {}).get("role") == role:
+                return bench
+    return None
 
 
-def format_table(head: List[str], body: List[List[str]], markdown: bool, numeric: Sequence[int] = ()) -> str:
-    """Aligned plain text, or a Markdown table (numbers right-aligned)."""
-    right = set(numeric)
-    if markdown:
-        align = ["---:" if i in right else "---" for i in range(len(head))]
-        lines = [head, align] + body
-        return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
-    widths = [max(len(row[i]) for row in [head] + body) for i in range(len(head))]
+def table(cases: List[Dict[str, Any]]) -> str:
+    ref = reference(cases)
+    base = per_op(ref) if ref else None
+    lines = ["| case | µs/op | items/s | noise | x base |", "| --- | ---: | ---: | ---: | ---: |"]
+    for bench in cases:
+        info, seconds = bench.get("extra_info", {}), per_op(bench)
+        stats = bench["stats"]
+        name = info.get("case", bench["name"])
+        if info.get("role"):
+            name = f"{name} ({info['role']})"
+        items = f"{_rate(info['items'] / seconds)}" if "items" in info else "-"
+        noise = f"±{50 * stats['iqr'] / stats['median']:.0f}%" if stats["median"] else "-"
+        ratio = f"{seconds / base:,.2f}x" if base else "-"
+        lines.append(f"| {name} | {_num(seconds * 1e6)} | {items} | {noise} | {ratio} |")
+    return "\n".join(lines)
 
-    def line(cells: List[str]) -> str:
-        padded = (c.rjust(wd) if i in right else c.ljust(wd) for i, (c, wd) in enumerate(zip(cells, widths)))
-        return "  ".join(padded).rstrip()
 
-    rule = "  ".join("-" * wd for wd in widths)
-    return "\n".join([line(head), rule] + [line(row) for row in body])
+def render(data: Dict[str, Any]) -> str:
+    machine, commit = data.get("machine_info", {}), data.get("commit_info", {})
+    load = machine.get("load_average_1min")
+    load = f"{load:.1f}" if isinstance(load, (int, float)) else "?"
+    head = (
+        f"{data.get('datetime', '?')[:10]}; {machine.get('cpu_count', '?')} CPUs "
+        f"({machine.get('cpu', {}).get('brand_raw', machine.get('processor', '?'))}), "
+        f"Python {machine.get('python_version', '?')}, TensorFlow {machine.get('tensorflow', '?')}; "
+        f"1-min load average {load} at the start; "
+        f"commit {str(commit.get('id', '?'))[:10]}{' (dirty)' if commit.get('dirty') else ''}"
+    )
+    out = [head]
+    for name, cases in groups(data.get("benchmarks", [])).items():
+        out += ["", f"**{name}**", "", table(cases)]
+    return "\n".join(out)
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="+", help="files written by pytest's --benchmark-json")
+    args = parser.parse_args(argv)
+    for i, path in enumerate(args.json):
+        with open(path) as f:
+            if i:
+                print()
+            print(render(json.load(f)))
+
+
+if __name__ == "__main__":
+    main()
