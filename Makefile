@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
+.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,16 @@ lint: $(STAMP)
 	$(PY) -m mypy tfreplay
 
 # The suite with every python block of README.md and docs/ (Sybil, the root conftest.py) under tf-keras, then the
-# Keras-touching tests (marked `keras`) again under Keras 3, current TensorFlow's default.
+# Keras-touching tests (marked `keras`) again under Keras 3, current TensorFlow's default. Tests marked `slow`
+# (training runs, the tutorials' notebooks, long property, concurrency and crash runs) are `make test-slow`'s.
 test: $(STAMP) lint
-	$(PY) -m pytest -q tests README.md docs
-	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q -m keras tests
+	$(PY) -m pytest -q -m "not slow" tests README.md docs
+	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q -m "keras and not slow" tests
+
+# The slow tests, in the same two passes (CI runs them after `make test`).
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests
+	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q -m "keras and slow" tests
 
 # The tutorials' notebooks, written beside their jupytext percent scripts (tutorials/NN_topic.py -> .ipynb, not
 # committed, without outputs): open them in Jupyter or upload them to Colab.
@@ -122,12 +128,14 @@ $(COMPAT_OPS): $(COMPAT_STAMP) $(KERNELS)
 	touch $(COMPAT_OPS)
 
 # TF-Agents' own tests against tfreplay.compat (imports redirected by tests/compat/redirect.py), the interop
-# tests, then tfreplay's suite on TF 2.15: one pytest run, one summary line.
+# tests, then tfreplay's suite on TF 2.15 less its slow tests and the parts that do not depend on TensorFlow's
+# version (the tutorials, the benchmarks' harness, packaging, Bazel): one pytest run, one summary line.
 test-compat: $(COMPAT_OPS)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests -k "not WithHashing" \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
-		tests
+		-m "not slow" --ignore=tests/tutorials --ignore=tests/benchmarks --ignore=tests/test_packaging.py \
+		--ignore=tests/test_bazel_build.py tests
 
 # Bazel 4.2.3 from Debian (bazel-bootstrap, with bazel-bootstrap-source for the rule mocks .bazelrc names; both
 # installed when missing), offline: builds every target and runs a few fast test targets with the venv's Python.

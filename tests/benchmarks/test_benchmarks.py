@@ -99,9 +99,10 @@ def _run(args, cwd, timeout=300):
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def gpu_script(tmp_path_factory):
-    """`benchmarks.gpu --cpu-only --tiny`, started when this file's tests start so that it runs beside the others."""
+@pytest.fixture(scope="module")
+def gpu_script():
+    """`benchmarks.gpu --cpu-only --tiny`, started by the first test asking for it, so that it runs beside the
+    benchmark files' own subprocess."""
     pytest.importorskip("pytest_benchmark")  # `make bench`'s runner: the test extra installs it
     process = _start(["-m", "benchmarks.gpu", "--cpu-only", "--tiny", "--seconds", "0", "--blocks", "1"], ROOT)
     yield process
@@ -109,7 +110,8 @@ def gpu_script(tmp_path_factory):
     process.communicate()
 
 
-def test_the_benchmark_files_run_on_tiny_sizes_and_the_report_reads_their_json(tmp_path):
+@pytest.mark.slow  # about a minute: two subprocesses importing TensorFlow and tracing every kind of case
+def test_the_benchmark_files_run_on_tiny_sizes_and_the_report_reads_their_json(tmp_path, gpu_script):
     pytest.importorskip("pytest_benchmark")
     out = tmp_path / "bench.json"
     done = _run(
@@ -131,6 +133,7 @@ def test_the_benchmark_files_run_on_tiny_sizes_and_the_report_reads_their_json(t
     assert "**cartpole get_next**" in text and "**learner dqn**" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="checks the CPU-only mode")
 def test_the_gpu_script_runs_without_a_gpu_with_its_flag(gpu_script):
     with pytest.raises(SystemExit, match="pass --cpu-only"):

@@ -73,7 +73,6 @@ def check_checkpointer_round_trip(rb, make_buffer, tmp_path) -> None:
     tf.nest.map_structure(np.testing.assert_array_equal, contents(restored), before)
 
 
-@pytest.mark.slow
 def test_dqn_trains_from_the_tf_buffer_fed_by_a_dynamic_step_driver(tmp_path):
     env = tf_py_environment.TFPyEnvironment(suite_gym.load("CartPole-v0"))
     agent = make_agent(env.time_step_spec(), env.action_spec())
@@ -91,7 +90,6 @@ def test_dqn_trains_from_the_tf_buffer_fed_by_a_dynamic_step_driver(tmp_path):
     check_checkpointer_round_trip(rb, make_buffer, tmp_path)
 
 
-@pytest.mark.slow
 def test_dqn_trains_from_the_numpy_buffer_fed_by_a_py_driver(tmp_path):
     env = batched_py_environment.BatchedPyEnvironment([suite_gym.load("CartPole-v0")])
     time_step_spec = tensor_spec.from_spec(env.time_step_spec())

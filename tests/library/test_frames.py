@@ -79,6 +79,7 @@ def test_windows_are_consecutive_steps_of_one_episode(twin, num_steps):
         ref.check(step, np.asarray(step_info.ids[k]))
 
 
+@pytest.mark.slow  # a window length is a compiled function each: six of them
 @pytest.mark.parametrize("twin", TWINS)
 def test_window_counts_match_the_reference_across_the_scan_threshold(twin):
     # Episodes up to 150 steps in a wrapped ring: windows shorter than

@@ -277,6 +277,7 @@ def run_killed(script, lines_before_kill, delay):
     return lines
 
 
+@pytest.mark.slow  # processes killed at random during restores
 def test_a_restore_is_flushed_and_a_crash_during_one_reopens_a_whole_state(tmp_path):
     """Restores alternate between two checkpoints in a process killed at random points: the directory reopens
     as a whole state (the last flush or a checkpoint, never rows of both), and a finished restore is durable."""
