@@ -157,17 +157,17 @@ class TrainResult:
 
 
 def linear_epsilon(config: DqnConfig, env_steps: int) -> float:
-    """1 during initial collection, then linear from `epsilon_start` to `epsilon_end` over `epsilon_decay_steps`.
+    """1 during initial collection, then linear from `epsilon_start` to `epsilon_end` over `epsilon_decay_steps`,
+    and `epsilon_end` after.
 
-    The decay is Keras' `PolynomialDecay` of power 1 (as the learning rate's),
-    which holds `epsilon_end` once `epsilon_decay_steps` have passed.
+    Plain Python, not a Keras schedule: the collect policy asks for it at every vector step, where an eager
+    schedule call would cost more than the environments' step.
     """
     if env_steps < config.initial_collect_steps:
-        return 1.0  # random actions, and no TF op per step while the buffer fills
-    decay = keras_module().optimizers.schedules.PolynomialDecay(
-        config.epsilon_start, max(config.epsilon_decay_steps, 1), config.epsilon_end, power=1.0
-    )
-    return float(decay(env_steps - config.initial_collect_steps))
+        return 1.0  # random actions while the buffer fills
+    steps = max(config.epsilon_decay_steps, 1)
+    done = min(env_steps - config.initial_collect_steps, steps) / steps
+    return config.epsilon_start + (config.epsilon_end - config.epsilon_start) * done
 
 
 def evaluate(env_id: str, policy: Callable, num_episodes: int = 20, seed: int | None = None) -> list[float]:
