@@ -12,6 +12,7 @@ the reopened buffer, against the same calls with the files cached.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -79,18 +80,24 @@ def test_hot(benchmark, buffers, kind, case, storage):
     measure(benchmark, fn, group=f"memmap hot {kind} {case}", case=storage, role=role)
 
 
+def _files(path: str) -> list[str]:
+    """Every file under the storage folder (its data files, manifest and state folders)."""
+    return [os.path.join(top, name) for top, _, names in os.walk(path) for name in names]
+
+
 def _drop_cache(path: str) -> None:
-    for name in os.listdir(path):
-        fd = os.open(os.path.join(path, name), os.O_RDONLY)
+    for name in _files(path):
+        fd = os.open(name, os.O_RDONLY)
         try:
+            os.fsync(fd)  # dirty pages stay cached: written back first, they can go
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
 
 
 def _read_all(path: str) -> None:
-    for name in os.listdir(path):
-        with open(os.path.join(path, name), "rb") as f:
+    for name in _files(path):
+        with open(name, "rb") as f:
             while f.read(1 << 24):
                 pass
 
@@ -108,10 +115,19 @@ def cold_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
 def test_cold(benchmark, cold_dir, cache):
     path, capacity = cold_dir
-    rb = PyUniformReplayBuffer(SPEC, capacity, seed=1, storage_dir=path)
-    prepare = (lambda: _drop_cache(path)) if cache == "dropped" else (lambda: _read_all(path))
+    evict = _drop_cache if cache == "dropped" else _read_all
+    opened: list[Any] = []
+
+    def prepare() -> None:
+        # The buffer is closed first: the kernel keeps the pages a live mapping holds, whatever fadvise says.
+        while opened:
+            opened.pop().close()
+        gc.collect()  # and unmapped: no reference left to its arrays
+        evict(path)
+        opened.append(PyUniformReplayBuffer(SPEC, capacity, seed=1, storage_dir=path))
 
     def calls() -> None:
+        rb = opened[0]
         for _ in range(COLD_CALLS):
             rb.get_next(32)
 
@@ -120,4 +136,5 @@ def test_cold(benchmark, cold_dir, cache):
     try:
         benchmark.pedantic(calls, setup=prepare, rounds=size(5, 1))
     finally:
-        rb.close()
+        while opened:
+            opened.pop().close()
