@@ -8,11 +8,16 @@ with this plugin never sees the real dm-reverb: the differential tests
 
 from __future__ import annotations
 
+import sys
+import unittest.mock
+
 import pytest
 
 import tfreplay.compat.reverb
 
 tfreplay.compat.reverb.install()
+# TF-Agents' tests import the `mock` backport; the standard library's is the same API.
+sys.modules.setdefault("mock", unittest.mock)
 
 # Test id (class::method) -> why the shim fails it on purpose. None today.
 EXPECTED_FAILURES: dict = {}

@@ -2,7 +2,9 @@
 
 Each iterator draws items one at a time from the table (in tf.data's own
 threads, through `tf.data.Dataset.from_generator`), waiting for the rate
-limiter as a sample would. With `rate_limiter_timeout_ms >= 0` the first
+limiter as a sample would. A wait returns to tf.data every `POLL` seconds
+with a placeholder element, filtered out, so that an iterator deleted while
+its threads wait (the table empty) is not held up by them. With `rate_limiter_timeout_ms >= 0` the first
 wait that runs out ends the iterator (end of sequence), as does
 `max_samples` draws or a stopped server. A drawn item whose columns do not
 match `dtypes` / `shapes` stops the iterator with `InvalidArgumentError`.
@@ -10,6 +12,7 @@ match `dtypes` / `shapes` stops the iterator with `InvalidArgumentError`.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -19,6 +22,8 @@ from tensorflow.python.data.ops import dataset_ops
 from tfreplay.compat.reverb import server as server_lib
 from tfreplay.compat.reverb.errors import DeadlineExceededError, ServerStoppedError, SignatureError
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
+
+POLL = 0.1  # seconds a draw waits before handing tf.data a placeholder (see the module doc)
 
 
 def _tuples(structure: Any) -> Any:
@@ -97,7 +102,12 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
         info = SampleInfo(*[tf.TensorSpec([], d) for d in SampleInfo.tf_dtypes()])
         timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000.0
         draw = _Draws(address, name, specs, timeout, max_samples)
-        self._inner = tf.data.Dataset.from_generator(draw, output_signature=ReplaySample(info, specs))
+        signature = (tf.TensorSpec([], tf.bool), ReplaySample(info, specs))
+        self._inner = (
+            tf.data.Dataset.from_generator(draw, output_signature=signature)
+            .filter(lambda drawn, _: drawn)
+            .map(lambda _, sample: sample)
+        )
         self._element_spec = self._inner.element_spec
         super().__init__(self._inner._variant_tensor)
 
@@ -137,22 +147,35 @@ class _Draws:
         self.address, self.table, self.specs = address, table, specs
         self.timeout, self.max_samples = timeout, max_samples
 
-    def __call__(self) -> Iterator[ReplaySample]:
+    def __call__(self) -> Iterator[tuple]:
         try:
             table = server_lib.find_table("TrajectoryDataset", self.address, self.table)
         except (ValueError, KeyError):
             return  # the server was stopped (and freed) before this iterator began
         flat_specs = tf.nest.flatten(self.specs)
-        count = 0
+        placeholder = (False, self._placeholder(flat_specs))
+        count, deadline = 0, None if self.timeout is None else time.monotonic() + self.timeout
         while self.max_samples < 0 or count < self.max_samples:
+            left = None if deadline is None else deadline - time.monotonic()
             try:
-                item, info = table._sample(self.timeout)
-            except (DeadlineExceededError, ServerStoppedError):
+                item, info = table._sample(POLL if left is None else max(min(POLL, left), 0.0))
+            except ServerStoppedError:
                 return
+            except DeadlineExceededError:
+                if left is not None and left <= POLL:
+                    return  # the user's timeout ran out: the end of the sequence, as Reverb
+                yield placeholder
+                continue
             data = [c.value() for c in item.columns]
             self._check(data, flat_specs)
             count += 1
-            yield ReplaySample(SampleInfo(np.uint64(info[0]), *info[1:]), tf.nest.pack_sequence_as(self.specs, data))
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            sample = ReplaySample(SampleInfo(np.uint64(info[0]), *info[1:]), tf.nest.pack_sequence_as(self.specs, data))
+            yield True, sample
+
+    def _placeholder(self, flat_specs: list) -> ReplaySample:
+        zeros = [np.zeros([d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
+        return ReplaySample(SampleInfo(np.uint64(0), 0.0, 0, 0.0, 0), tf.nest.pack_sequence_as(self.specs, zeros))
 
     def _check(self, data: list, specs: list) -> None:
         if len(data) != len(specs):

@@ -60,7 +60,7 @@ class TFClient:
         return ReplaySample(SampleInfo(*out[:5]), tf.nest.pack_sequence_as(data_dtypes, out[5:]))
 
     def insert(self, data: Sequence[Any], tables: Any, priorities: Any, name: str | None = None) -> Any:
-        """Inserts `data` (tensors, each a whole column: one step without a time axis) into `tables[i]` with
+        """Inserts `data` (tensors: one step, each a column) as an item of one step into `tables[i]` with
         `priorities[i]` (a string and a float64 tensor of rank 1, of one length)."""
         tables, priorities = tf.convert_to_tensor(tables), tf.convert_to_tensor(priorities)
         if tables.dtype != tf.string or tables.shape.rank != 1:
@@ -73,11 +73,11 @@ class TFClient:
         address = self._address
 
         def put(names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
-            columns = tuple(Column((np.array(v),), True) for v in values)
+            columns = tuple(Column((np.array(v),), False) for v in values)  # one step, as Client.insert
             key = random.getrandbits(64)
             targets = [server_lib.find_table("TFClient.insert", address, n) for n in names]
             for target in targets:
-                check_columns(f"TFClient.insert (table {target.name!r})", target.signature, columns)
+                check_columns(f"TFClient.insert (table {target.name!r})", target.signature, columns, step_shapes=True)
             for target, weight in zip(targets, weights):
                 target._insert(Item(key, float(weight), columns))
             return np.array(True)
