@@ -149,7 +149,7 @@ test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
 # TF-Agents' DQN example (tf_agents/examples/dqn/dqn_train_eval.py, unmodified) on TF 2.21 over the shim, to a return of
 # 195 on CartPole, with its checkpoint saved and reloaded; prints the time, env steps, steps/s and the returns.
 reverb-dqn: $(REVERB_OPS)
-	PYTHONPATH=$(CURDIR) $(REVERB_PY) -m tfreplay.compat.reverb.dqn_check $(ARGS)
+	TF_USE_LEGACY_KERAS=1 PYTHONPATH=$(CURDIR) $(REVERB_PY) tests/compat/reverb_dqn.py $(ARGS)
 
 # Bazel 4.2.3 from Debian (bazel-bootstrap, with bazel-bootstrap-source for the rule mocks .bazelrc names; both
 # installed when missing), offline: builds every target and runs a few fast test targets with the venv's Python.

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import tensorflow as tf
-from conftest import draw, insert_ints
+from reverb_helpers import draw, insert_ints
 
 from tfreplay.compat import reverb
 
@@ -104,7 +104,10 @@ def test_reset_clears_items_and_counts(serve):
     [
         (lambda: reverb.rate_limiters.MinSize(0), r"min_size_to_sample \(0\) must be a positive integer"),
         (lambda: reverb.rate_limiters.SampleToInsertRatio(1.0, 10, 0.5), r"error_buffer \(0.5\) gives a range 1 wide"),
-        (lambda: reverb.rate_limiters.SampleToInsertRatio(0.0, 10, 5.0), r"samples_per_insert \(0.0\) must be a positive"),
+        (
+            lambda: reverb.rate_limiters.SampleToInsertRatio(0.0, 10, 5.0),
+            r"samples_per_insert \(0.0\) must be a positive",
+        ),
         (lambda: reverb.rate_limiters.SampleToInsertRatio(1.0, 1, (5.0, 9.0)), r"puts min_diff \(5\) above"),
     ],
 )

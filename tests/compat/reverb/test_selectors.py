@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import draw, insert_ints
+from reverb_helpers import draw, insert_ints
 from scipy import stats
 
 from tfreplay.compat import reverb
 
 
 def table(name, sampler, remover=None, max_size=100, **kwargs):
-    return reverb.Table(name, sampler, remover or reverb.selectors.Fifo(), max_size,
-                        reverb.rate_limiters.MinSize(1), **kwargs)  # fmt: skip
+    return reverb.Table(
+        name, sampler, remover or reverb.selectors.Fifo(), max_size, reverb.rate_limiters.MinSize(1), **kwargs
+    )
 
 
 @pytest.mark.parametrize(
@@ -27,8 +28,10 @@ def test_fifo_and_lifo_draw_in_insertion_order_once_each(serve, sampler, expecte
 
 def test_heaps_draw_by_priority_ties_to_the_first_inserted(serve):
     priorities = [1.0, 1.0, 0.5, 3.0, 0.5]
-    _, client = serve(table("min", reverb.selectors.MinHeap(), max_times_sampled=1),
-                      table("max", reverb.selectors.MaxHeap(), max_times_sampled=1))  # fmt: skip
+    _, client = serve(
+        table("min", reverb.selectors.MinHeap(), max_times_sampled=1),
+        table("max", reverb.selectors.MaxHeap(), max_times_sampled=1),
+    )
     insert_ints(client, "min", range(5), priorities)
     insert_ints(client, "max", range(5), priorities)
     assert draw(client, "min", 5) == [2, 4, 0, 1, 3]
@@ -78,8 +81,10 @@ def test_a_priority_of_zero_is_never_drawn_while_others_are_positive(serve):
 
 
 def test_a_full_table_removes_by_its_remover(serve):
-    _, client = serve(table("heap", reverb.selectors.Fifo(), reverb.selectors.MinHeap(), max_size=3, max_times_sampled=1),
-                      table("fifo", reverb.selectors.Fifo(), reverb.selectors.Fifo(), max_size=3, max_times_sampled=1))  # fmt: skip
+    _, client = serve(
+        table("heap", reverb.selectors.Fifo(), reverb.selectors.MinHeap(), max_size=3, max_times_sampled=1),
+        table("fifo", reverb.selectors.Fifo(), reverb.selectors.Fifo(), max_size=3, max_times_sampled=1),
+    )
     insert_ints(client, "heap", range(4), [5.0, 1.0, 3.0, 4.0])
     insert_ints(client, "fifo", range(4))
     assert draw(client, "heap", 3) == [0, 2, 3]  # 1, the lowest priority, made room for 3

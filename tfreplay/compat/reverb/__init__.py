@@ -48,8 +48,15 @@ __all__ = [
     "uninstall",
 ]
 
-_NAMES = ("reverb", "reverb.selectors", "reverb.item_selectors", "reverb.rate_limiters", "reverb.errors",
-          "reverb.checkpointers", "reverb.platform.checkpointers_lib")  # fmt: skip
+_NAMES = (
+    "reverb",
+    "reverb.selectors",
+    "reverb.item_selectors",
+    "reverb.rate_limiters",
+    "reverb.errors",
+    "reverb.checkpointers",
+    "reverb.platform.checkpointers_lib",
+)
 
 
 def install() -> types.ModuleType:
@@ -58,9 +65,15 @@ def install() -> types.ModuleType:
     A `reverb` imported before (the real one) is replaced in `sys.modules`; modules that hold it keep it.
     """
     this = sys.modules[__name__]
-    parts = {"reverb": this, "reverb.selectors": selectors, "reverb.item_selectors": selectors,
-             "reverb.rate_limiters": rate_limiters, "reverb.errors": errors, "reverb.checkpointers": checkpointers,
-             "reverb.platform.checkpointers_lib": checkpointers}  # fmt: skip
+    parts = {
+        "reverb": this,
+        "reverb.selectors": selectors,
+        "reverb.item_selectors": selectors,
+        "reverb.rate_limiters": rate_limiters,
+        "reverb.errors": errors,
+        "reverb.checkpointers": checkpointers,
+        "reverb.platform.checkpointers_lib": checkpointers,
+    }
     sys.modules.update(parts)
     return this
 

@@ -41,7 +41,7 @@ class CheckpointerBase:
         folder = self.path / f"{time.strftime('%Y-%m-%dT%H-%M-%S')}-{os.getpid()}-{self._count:04d}"
         partial = folder.with_name(folder.name + ".partial")
         partial.mkdir(parents=True)
-        np.savez(partial / "cells.npz", **arrays)
+        np.savez(partial / "cells.npz", **arrays)  # type: ignore[arg-type]
         (partial / "tables.json").write_text(json.dumps(record))
         partial.rename(folder)  # a folder without the suffix is complete
         return str(folder)
@@ -75,9 +75,13 @@ def default_checkpointer(group: str | None = None) -> CheckpointerBase:
 
 
 def _settings(table: Table) -> dict:
-    return {"max_size": table.max_size, "max_times_sampled": table.max_times_sampled,
-            "sampler": repr(table._sampler_setting), "remover": repr(table._remover_setting),
-            "rate_limiter": repr(table._limiter)}  # fmt: skip
+    return {
+        "max_size": table.max_size,
+        "max_times_sampled": table.max_times_sampled,
+        "sampler": repr(table._sampler_setting),
+        "remover": repr(table._remover_setting),
+        "rate_limiter": repr(table._limiter),
+    }
 
 
 def _table_record(table: Table, cells: dict[int, int], arrays: dict[str, np.ndarray]) -> dict:
@@ -86,17 +90,23 @@ def _table_record(table: Table, cells: dict[int, int], arrays: dict[str, np.ndar
     def number(cell: np.ndarray) -> int:
         if id(cell) not in cells:
             if cell.dtype.hasobject:
-                raise TypeError(f"checkpoint: table {table.name!r} holds an object array ({cell.dtype}); only "
-                                "numeric, bool and fixed-width string cells can be saved without pickle.")  # fmt: skip
+                raise TypeError(
+                    f"checkpoint: table {table.name!r} holds an object array ({cell.dtype}); only "
+                    "numeric, bool and fixed-width string cells can be saved without pickle."
+                )
             cells[id(cell)] = len(cells)
             arrays[f"c{cells[id(cell)]}"] = cell
         return cells[id(cell)]
 
     rows = [
-        {"key": str(it.key), "priority": it.priority, "times_sampled": it.times_sampled,
-         "columns": [[[number(c) for c in col.cells], col.squeeze] for col in it.columns]}
+        {
+            "key": str(it.key),
+            "priority": it.priority,
+            "times_sampled": it.times_sampled,
+            "columns": [[[number(c) for c in col.cells], col.squeeze] for col in it.columns],
+        }
         for it in items
-    ]  # fmt: skip
+    ]
     return {"name": table.name, "settings": _settings(table), "counts": counts, "items": rows}
 
 
@@ -106,13 +116,17 @@ def load(folder: str | os.PathLike, tables: dict[str, Table]) -> None:
     folder = pathlib.Path(folder)
     record = json.loads((folder / "tables.json").read_text())
     if record.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {folder}: format ({record.get('format')!r}) must be {FORMAT!r}; Reverb's own "
-                         "checkpoints cannot be read by tfreplay.compat.reverb.")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {folder}: format ({record.get('format')!r}) must be {FORMAT!r}; Reverb's own "
+            "checkpoints cannot be read by tfreplay.compat.reverb."
+        )
     matched = [(tables[t["name"]], t) for t in record["tables"] if t["name"] in tables]
     for table, saved in matched:
         if saved["settings"] != _settings(table):
-            raise ValueError(f"checkpoint {folder}: table {table.name!r} was saved with settings {saved['settings']}; "
-                             f"the server's table has {_settings(table)}.")  # fmt: skip
+            raise ValueError(
+                f"checkpoint {folder}: table {table.name!r} was saved with settings {saved['settings']}; "
+                f"the server's table has {_settings(table)}."
+            )
     with np.load(folder / "cells.npz", allow_pickle=False) as npz:
         arrays: dict[int, Any] = {}
 
@@ -122,10 +136,20 @@ def load(folder: str | os.PathLike, tables: dict[str, Table]) -> None:
             return arrays[n]
 
         restored = [
-            (table, [Item(int(r["key"]), r["priority"], tuple(Column(tuple(cell(n) for n in ns), sq)
-                                                               for ns, sq in r["columns"]), r["times_sampled"])
-                     for r in saved["items"]], saved["counts"])
+            (
+                table,
+                [
+                    Item(
+                        int(r["key"]),
+                        r["priority"],
+                        tuple(Column(tuple(cell(n) for n in ns), sq) for ns, sq in r["columns"]),
+                        r["times_sampled"],
+                    )
+                    for r in saved["items"]
+                ],
+                saved["counts"],
+            )
             for table, saved in matched
-        ]  # fmt: skip
+        ]
     for table, items, counts in restored:
         table._restore(items, counts)

@@ -18,11 +18,11 @@ class Writer:
     """Reverb's first writer, over a `TrajectoryWriter`: `create_item(table, num_timesteps, priority)` makes an
     item of the last `num_timesteps` appended steps, every column with a time axis."""
 
-    def __init__(self, client: "Client", max_sequence_length: int):
+    def __init__(self, client: Client, max_sequence_length: int):
         self._writer = client.trajectory_writer(max_sequence_length, validate_items=False)
         self._client, self._max = client, max_sequence_length
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -49,8 +49,12 @@ class Writer:
         flat = tf.nest.flatten(self._writer.history)
         columns = [h[-num_timesteps:] for h in flat]
         target = self._client._table("Writer.create_item", table)
-        check_columns(f"Writer.create_item (table {table!r})", target.signature,
-                      [c._column("create_item") for c in columns], step_shapes=True)  # fmt: skip
+        check_columns(
+            f"Writer.create_item (table {table!r})",
+            target.signature,
+            [c._column("create_item") for c in columns],
+            step_shapes=True,
+        )
         self._writer.create_item(table, priority, columns)
 
     def flush(self) -> None:
@@ -93,8 +97,13 @@ class Client:
         for name, table in tables.items():
             table._insert(Item(key, float(priorities[name]), columns))
 
-    def writer(self, max_sequence_length: int, delta_encoded: bool = False, chunk_length: Any = None,
-               max_in_flight_items: Any = None) -> Writer:  # fmt: skip
+    def writer(
+        self,
+        max_sequence_length: int,
+        delta_encoded: bool = False,
+        chunk_length: Any = None,
+        max_in_flight_items: Any = None,
+    ) -> Writer:
         """The legacy writer (`Writer`); chunking and delta encoding have no meaning in process."""
         return Writer(self, max_sequence_length)
 
@@ -103,7 +112,9 @@ class Client:
         return TrajectoryWriter(lambda name: self._table("create_item", name), num_keep_alive_refs, validate_items)
 
     def structured_writer(self, configs: Sequence[Any]) -> Any:
-        raise NotImplementedError("Client.structured_writer is not part of tfreplay.compat.reverb; use trajectory_writer.")
+        raise NotImplementedError(
+            "Client.structured_writer is not part of tfreplay.compat.reverb; use trajectory_writer."
+        )
 
     def sample(
         self, table: str, num_samples: int = 1, *, emit_timesteps: bool = True, unpack_as_table_signature: bool = False

@@ -2,8 +2,11 @@
 
 Each iterator draws items one at a time from the table (in tf.data's own
 threads, through `tf.data.Dataset.from_generator`), waiting for the rate
-limiter as a sample would. A wait returns to tf.data every `POLL` seconds
-with a placeholder element, filtered out, so that an iterator deleted while
+limiter as a sample would: a call waits for one item, then takes up to
+`max_in_flight_samples_per_worker` more that the rate limiter admits at once
+(Reverb's samples in flight; items of varying shape come one per call), and
+hands them to tf.data as one batch, unbatched. A wait returns to tf.data
+every `POLL` seconds with an empty batch, so that an iterator deleted while
 its threads wait (the table empty) is not held up by them. With `rate_limiter_timeout_ms >= 0` the first
 wait that runs out ends the iterator (end of sequence), as does
 `max_samples` draws or a stopped server. A drawn item whose columns do not
@@ -92,8 +95,9 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
         _check_count("max_samples_per_stream", max_samples_per_stream)
         max_samples = _check_count("max_samples", max_samples)
         if not isinstance(rate_limiter_timeout_ms, (int, np.integer)) or rate_limiter_timeout_ms < -1:
-            raise ValueError(f"TrajectoryDataset: rate_limiter_timeout_ms ({rate_limiter_timeout_ms!r}) must be an "
-                             "integer >= -1.")  # fmt: skip
+            raise ValueError(
+                f"TrajectoryDataset: rate_limiter_timeout_ms ({rate_limiter_timeout_ms!r}) must be an integer >= -1."
+            )
         address, name = _text("server_address", server_address), _text("table", table)
         server_lib.find_table("TrajectoryDataset", address, name)  # a wrong address or table fails here
         specs = tf.nest.map_structure(
@@ -101,13 +105,13 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
         )
         info = SampleInfo(*[tf.TensorSpec([], d) for d in SampleInfo.tf_dtypes()])
         timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000.0
-        draw = _Draws(address, name, specs, timeout, max_samples)
-        signature = (tf.TensorSpec([], tf.bool), ReplaySample(info, specs))
-        self._inner = (
-            tf.data.Dataset.from_generator(draw, output_signature=signature)
-            .filter(lambda drawn, _: drawn)
-            .map(lambda _, sample: sample)
+        fixed = all(s.shape.is_fully_defined() for s in tf.nest.flatten(specs))
+        per_call = int(max_in_flight_samples_per_worker) if fixed else 1  # items of varying shape: one at a time
+        draw = _Draws(address, name, specs, timeout, max_samples, per_call)
+        batched = tf.nest.map_structure(
+            lambda s: tf.TensorSpec([None, *s.shape], s.dtype), ReplaySample(info, specs)
         )
+        self._inner = tf.data.Dataset.from_generator(draw, output_signature=batched).unbatch()
         self._element_spec = self._inner.element_spec
         super().__init__(self._inner._variant_tensor)
 
@@ -126,7 +130,7 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
         rate_limiter_timeout_ms: int = -1,
         get_signature_timeout_secs: Any = None,
         max_samples: int = -1,
-    ) -> "TrajectoryDataset":
+    ) -> TrajectoryDataset:
         """A dataset whose dtypes and shapes are the table's signature (which it must have)."""
         signature = server_lib.find_table("TrajectoryDataset.from_table_signature", server_address, table).signature
         if signature is None:
@@ -136,56 +140,72 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
             )
         dtypes = tf.nest.map_structure(lambda s: s.dtype, signature)
         shapes = tf.nest.map_structure(lambda s: s.shape, signature)
-        return cls(server_address, table, dtypes, shapes, max_in_flight_samples_per_worker, num_workers_per_iterator,
-                   max_samples_per_stream, rate_limiter_timeout_ms, max_samples)  # fmt: skip
+        return cls(
+            server_address,
+            table,
+            dtypes,
+            shapes,
+            max_in_flight_samples_per_worker,
+            num_workers_per_iterator,
+            max_samples_per_stream,
+            rate_limiter_timeout_ms,
+            max_samples,
+        )
 
 
 class _Draws:
-    """The generator function: each call (one per iterator) draws from the table until an end."""
+    """The generator function: each call (one per iterator) draws batches from the table until an end."""
 
-    def __init__(self, address: str, table: str, specs: Any, timeout: float | None, max_samples: int):
+    def __init__(self, address: str, table: str, specs: Any, timeout: float | None, max_samples: int, per_call: int):
         self.address, self.table, self.specs = address, table, specs
-        self.timeout, self.max_samples = timeout, max_samples
+        self.timeout, self.max_samples, self.per_call = timeout, max_samples, per_call
 
-    def __call__(self) -> Iterator[tuple]:
+    def __call__(self) -> Iterator[ReplaySample]:
         try:
             table = server_lib.find_table("TrajectoryDataset", self.address, self.table)
         except (ValueError, KeyError):
             return  # the server was stopped (and freed) before this iterator began
         flat_specs = tf.nest.flatten(self.specs)
-        placeholder = (False, self._placeholder(flat_specs))
+        empty = self._batch([], flat_specs)
         count, deadline = 0, None if self.timeout is None else time.monotonic() + self.timeout
         while self.max_samples < 0 or count < self.max_samples:
             left = None if deadline is None else deadline - time.monotonic()
+            n = self.per_call if self.max_samples < 0 else min(self.per_call, self.max_samples - count)
             try:
-                item, info = table._sample(POLL if left is None else max(min(POLL, left), 0.0))
+                draws = table._sample_many(n, POLL if left is None else max(min(POLL, left), 0.0))
             except ServerStoppedError:
                 return
             except DeadlineExceededError:
                 if left is not None and left <= POLL:
                     return  # the user's timeout ran out: the end of the sequence, as Reverb
-                yield placeholder
+                yield empty
                 continue
-            data = [c.value() for c in item.columns]
-            self._check(data, flat_specs)
-            count += 1
+            count += len(draws)
             deadline = None if self.timeout is None else time.monotonic() + self.timeout
-            sample = ReplaySample(SampleInfo(np.uint64(info[0]), *info[1:]), tf.nest.pack_sequence_as(self.specs, data))
-            yield True, sample
+            yield self._batch(draws, flat_specs)
 
-    def _placeholder(self, flat_specs: list) -> ReplaySample:
-        zeros = [np.zeros([d or 0 for d in s.shape.as_list()], s.dtype.as_numpy_dtype) for s in flat_specs]
-        return ReplaySample(SampleInfo(np.uint64(0), 0.0, 0, 0.0, 0), tf.nest.pack_sequence_as(self.specs, zeros))
+    def _batch(self, draws: list, specs: list) -> ReplaySample:
+        for item, _ in draws:
+            self._check(item, specs)
+        columns = []
+        for i, spec in enumerate(specs):
+            values = [item.columns[i].value() for item, _ in draws]
+            shape = [len(values)] + [d or 0 for d in spec.shape.as_list()]
+            columns.append(np.stack(values) if values else np.zeros(shape, spec.dtype.as_numpy_dtype))
+        infos = [info for _, info in draws]
+        fields = [np.array([x[j] for x in infos], d.as_numpy_dtype) for j, d in enumerate(SampleInfo.tf_dtypes())]
+        return ReplaySample(SampleInfo(*fields), tf.nest.pack_sequence_as(self.specs, columns))
 
-    def _check(self, data: list, specs: list) -> None:
-        if len(data) != len(specs):
+    def _check(self, item: Any, specs: list) -> None:
+        if len(item.columns) != len(specs):
             raise SignatureError(
-                f"TrajectoryDataset: an item of table {self.table!r} has {len(data)} columns; the dataset's dtypes "
-                f"have {len(specs)}."
+                f"TrajectoryDataset: an item of table {self.table!r} has {len(item.columns)} columns; the dataset's "
+                f"dtypes have {len(specs)}."
             )
-        for i, (x, spec) in enumerate(zip(data, specs)):
-            if tf.as_dtype(x.dtype) != spec.dtype or not spec.shape.is_compatible_with(x.shape):
+        for i, (column, spec) in enumerate(zip(item.columns, specs)):
+            dtype, shape = column.cells[0].dtype, column.shape()
+            if tf.as_dtype(dtype) != spec.dtype or not spec.shape.is_compatible_with(shape):
                 raise SignatureError(
                     f"TrajectoryDataset: column {i} of an item of table {self.table!r} has (dtype, shape) "
-                    f"({x.dtype}, {list(x.shape)}); the dataset expects ({spec.dtype.name}, {spec.shape.as_list()})."
+                    f"({dtype}, {list(shape)}); the dataset expects ({spec.dtype.name}, {spec.shape.as_list()})."
                 )

@@ -53,7 +53,7 @@ class RateLimiter:
             f"min_size_to_sample={self.min_size_to_sample}, min_diff={self.min_diff:g}, max_diff={self.max_diff:g})"
         )
 
-    def build(self) -> "Counts":
+    def build(self) -> Counts:
         return Counts(self)
 
 

@@ -23,15 +23,15 @@ class SampleInfo(NamedTuple):
     times_sampled: Any
 
     @classmethod
-    def tf_dtypes(cls) -> "SampleInfo":
+    def tf_dtypes(cls) -> SampleInfo:
         return cls(tf.uint64, tf.float64, tf.int64, tf.float64, tf.int32)
 
     @classmethod
-    def tf_shapes(cls) -> "SampleInfo":
+    def tf_shapes(cls) -> SampleInfo:
         return cls(*[tf.TensorShape([]) for _ in range(5)])
 
     @classmethod
-    def zeros(cls) -> "SampleInfo":
+    def zeros(cls) -> SampleInfo:
         return cls(0, 0.0, 0, 0.0, 0)
 
 

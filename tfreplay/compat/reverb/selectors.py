@@ -278,4 +278,3 @@ def check(where: str, name: str, value: Any) -> Selector:
             "MinHeap or MaxHeap."
         )
     return value
-

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from tfreplay.compat.reverb.table import Table
 
 _LOCK = threading.Lock()
-_SERVERS: "weakref.WeakValueDictionary[int, Server]" = weakref.WeakValueDictionary()
+_SERVERS: weakref.WeakValueDictionary[int, Server] = weakref.WeakValueDictionary()
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "[::]", "0.0.0.0", "")
 
 
@@ -58,7 +58,9 @@ class Server:
             elif not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
                 raise ValueError(f"Server: port ({port!r}) must be None or an integer in [1, 65535].")
             elif port in _SERVERS:
-                raise ValueError(f"Server: port ({port}) is taken by {_SERVERS[port]!r} in this process; stop it first.")
+                raise ValueError(
+                    f"Server: port ({port}) is taken by {_SERVERS[port]!r} in this process; stop it first."
+                )
             self._tables = {t.name: t for t in tables}
             self._port = port
             self._stopped = False

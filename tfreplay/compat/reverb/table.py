@@ -121,23 +121,30 @@ class Table:
         self._clear()
 
     @classmethod
-    def queue(cls, name: str, max_size: int, extensions: Sequence[Any] = (), signature: Any = None) -> "Table":
+    def queue(cls, name: str, max_size: int, extensions: Sequence[Any] = (), signature: Any = None) -> Table:
         """A queue: Fifo in and out, each item sampled once; inserts wait while `max_size` items are unsampled."""
-        return cls(name, selectors.Fifo(), selectors.Fifo(), max_size, rate_limiters.Queue(max_size), 1, extensions,
-                   signature)  # fmt: skip
+        return cls(
+            name, selectors.Fifo(), selectors.Fifo(), max_size, rate_limiters.Queue(max_size), 1, extensions, signature
+        )
 
     @classmethod
-    def stack(cls, name: str, max_size: int, extensions: Sequence[Any] = (), signature: Any = None) -> "Table":
+    def stack(cls, name: str, max_size: int, extensions: Sequence[Any] = (), signature: Any = None) -> Table:
         """A stack: Lifo in and out, each item sampled once; inserts wait while `max_size` items are unsampled."""
-        return cls(name, selectors.Lifo(), selectors.Lifo(), max_size, rate_limiters.Stack(max_size), 1, extensions,
-                   signature)  # fmt: skip
+        return cls(
+            name, selectors.Lifo(), selectors.Lifo(), max_size, rate_limiters.Stack(max_size), 1, extensions, signature
+        )
 
-    def replace(self, **overrides: Any) -> "Table":
+    def replace(self, **overrides: Any) -> Table:
         """A new, empty table with this one's settings, some replaced (`name=`, `max_size=`, ...)."""
         settings = dict(
-            name=self._name, sampler=self._sampler_setting, remover=self._remover_setting, max_size=self.max_size,
-            rate_limiter=self._limiter, max_times_sampled=self.max_times_sampled, signature=self._signature,
-        )  # fmt: skip
+            name=self._name,
+            sampler=self._sampler_setting,
+            remover=self._remover_setting,
+            max_size=self.max_size,
+            rate_limiter=self._limiter,
+            max_times_sampled=self.max_times_sampled,
+            signature=self._signature,
+        )
         unknown = set(overrides) - set(settings) - {"extensions"}
         if unknown:
             raise TypeError(f"Table.replace: unknown settings {sorted(unknown)}; valid: {sorted(settings)}.")
@@ -156,10 +163,18 @@ class Table:
     def info(self) -> TableInfo:
         with self._cond:
             return TableInfo(
-                self._name, self._sampler_setting.options, self._remover_setting.options, self.max_size,
-                self.max_times_sampled, self._counts.info(), self._signature, len(self._items), 0, 0,
+                self._name,
+                self._sampler_setting.options,
+                self._remover_setting.options,
+                self.max_size,
+                self.max_times_sampled,
+                self._counts.info(),
+                self._signature,
+                len(self._items),
+                0,
+                0,
                 self._unique_samples,
-            )  # fmt: skip
+            )
 
     def can_sample(self, num_samples: int) -> bool:
         """Whether `num_samples` samples would be admitted now."""
@@ -218,18 +233,32 @@ class Table:
 
     def _sample(self, timeout: float | None = None) -> tuple[Item, tuple]:
         """Draws one item: `(item, (key, probability, table_size, priority, times_sampled))`."""
+        return self._sample_many(1, timeout)[0]
+
+    def _sample_many(self, n: int, timeout: float | None = None) -> list[tuple[Item, tuple]]:
+        """Waits for one draw, then takes up to `n - 1` more while the rate limiter admits them at once (a
+        dataset's samples in flight, under one lock)."""
         with self._cond:
-            self._wait(lambda: bool(self._items) and self._counts.can_sample(len(self._items), 1), timeout, "sample")
-            key, probability = self._sampler.select(self._rng)
-            item = self._items[key]
-            item.times_sampled += 1
-            self._unique_samples += item.times_sampled == 1
-            self._counts.samples += 1
-            info = (key, probability, len(self._items), item.priority, item.times_sampled)
-            if self.max_times_sampled and item.times_sampled >= self.max_times_sampled:
-                self._drop(key)
+            self._wait(self._can_draw, timeout, "sample")
+            draws = [self._draw()]
+            while len(draws) < n and self._can_draw():
+                draws.append(self._draw())
             self._cond.notify_all()
-            return item, info
+            return draws
+
+    def _can_draw(self) -> bool:
+        return bool(self._items) and self._counts.can_sample(len(self._items), 1)
+
+    def _draw(self) -> tuple[Item, tuple]:
+        key, probability = self._sampler.select(self._rng)
+        item = self._items[key]
+        item.times_sampled += 1
+        self._unique_samples += item.times_sampled == 1
+        self._counts.samples += 1
+        info = (key, probability, len(self._items), item.priority, item.times_sampled)
+        if self.max_times_sampled and item.times_sampled >= self.max_times_sampled:
+            self._drop(key)
+        return item, info
 
     def _drop(self, key: int) -> None:
         del self._items[key]
@@ -300,7 +329,9 @@ def check_columns(where: str, signature: Any, columns: Sequence[Column], step_sh
     for i, (spec, column) in enumerate(zip(specs, columns)):
         dtype = tf.as_dtype(column.cells[0].dtype)
         if dtype != spec.dtype:
-            raise SignatureError(f"{where}: column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}.")
+            raise SignatureError(
+                f"{where}: column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
+            )
         shapes = [column.shape()] + ([tuple(column.cells[0].shape)] if step_shapes and len(column.cells) == 1 else [])
         if not any(spec.shape.is_compatible_with(s) for s in shapes):
             raise SignatureError(

@@ -45,10 +45,16 @@ class TFClient:
             data = [c.value() for c in columns]
             if len(data) != len(dtypes) or any(tf.as_dtype(x.dtype) != d for x, d in zip(data, dtypes)):
                 got = [tf.as_dtype(x.dtype).name for x in data]
-                raise TypeError(f"TFClient.sample: table {table!r} holds dtypes {got}; data_dtypes asks "
-                                f"{[d.name for d in dtypes]}.")  # fmt: skip
-            fields = [np.uint64(info[0]), np.float64(info[1]), np.int64(info[2]), np.float64(info[3]),
-                      np.int32(info[4])]  # fmt: skip
+                raise TypeError(
+                    f"TFClient.sample: table {table!r} holds dtypes {got}; data_dtypes asks {[d.name for d in dtypes]}."
+                )
+            fields = [
+                np.uint64(info[0]),
+                np.float64(info[1]),
+                np.int64(info[2]),
+                np.float64(info[3]),
+                np.int32(info[4]),
+            ]
             return fields + data
 
         if tf.executing_eagerly():
@@ -68,8 +74,10 @@ class TFClient:
         if priorities.dtype != tf.float64 or priorities.shape.rank != 1:
             raise ValueError(f"TFClient.insert: priorities ({priorities!r}) must be a float64 tensor of rank 1.")
         if not tables.shape.is_compatible_with(priorities.shape):
-            raise ValueError(f"TFClient.insert: priorities ({priorities.shape}) and tables ({tables.shape}) must "
-                             "have the same shape.")  # fmt: skip
+            raise ValueError(
+                f"TFClient.insert: priorities ({priorities.shape}) and tables ({tables.shape}) must "
+                "have the same shape."
+            )
         address = self._address
 
         def put(names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
@@ -95,8 +103,10 @@ class TFClient:
         def update(k: np.ndarray, p: np.ndarray) -> np.ndarray:
             k, p = np.reshape(k, [-1]), np.reshape(p, [-1])
             if k.shape != p.shape:
-                raise ValueError(f"TFClient.update_priorities: keys ({k.shape[0]}) and priorities ({p.shape[0]}) "
-                                 "must have the same length.")  # fmt: skip
+                raise ValueError(
+                    f"TFClient.update_priorities: keys ({k.shape[0]}) and priorities ({p.shape[0]}) "
+                    "must have the same length."
+                )
             target._mutate({int(a): float(b) for a, b in zip(k, p)}, [])
             return np.array(True)
 

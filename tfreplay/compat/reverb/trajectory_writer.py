@@ -37,7 +37,7 @@ class TrajectoryColumn:
     def __iter__(self) -> Iterator[Any]:
         return iter(self._cells)
 
-    def __getitem__(self, val: Any) -> "TrajectoryColumn":
+    def __getitem__(self, val: Any) -> TrajectoryColumn:
         if self._squeeze:
             raise TypeError("TrajectoryColumn: a squeezed column (one step, no time axis) cannot be indexed.")
         if isinstance(val, slice):
@@ -73,7 +73,8 @@ class _ColumnHistory:
 
     def __init__(self, path: tuple, keep: int):
         self._path, self._keep = path, keep
-        self._start, self._cells = 0, []
+        self._start = 0
+        self._cells: list = []
 
     def _append(self, cell: Any) -> None:
         self._cells.append(cell)
@@ -119,14 +120,16 @@ class TrajectoryWriter:
 
     def __init__(self, resolve: Any, num_keep_alive_refs: int, validate_items: bool = True):
         if not isinstance(num_keep_alive_refs, int) or isinstance(num_keep_alive_refs, bool) or num_keep_alive_refs < 1:
-            raise ValueError(f"trajectory_writer: num_keep_alive_refs ({num_keep_alive_refs!r}) must be an integer >= 1.")
+            raise ValueError(
+                f"trajectory_writer: num_keep_alive_refs ({num_keep_alive_refs!r}) must be an integer >= 1."
+            )
         self._resolve, self._keep, self._validate = resolve, num_keep_alive_refs, validate_items
         self._structure: Any = None
         self._columns: list[_ColumnHistory] = []
         self._partial: list | None = None
         self._steps, self._closed = 0, False
 
-    def __enter__(self) -> "TrajectoryWriter":
+    def __enter__(self) -> TrajectoryWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
