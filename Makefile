@@ -142,7 +142,7 @@ $(REVERB_OPS): $(REVERB_STAMP) $(KERNELS)
 test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) $(REVERB_PYTEST) \
 		$(addprefix $(call TFA_ROOT,$(COMPAT_PY))/,$(TFA_REVERB)) tests/compat/reverb --ignore=tests/compat/reverb/test_differential.py
-	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
 		tests/compat/reverb/test_differential.py
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(REVERB_PY) $(REVERB_PYTEST) $(addprefix $(call TFA_ROOT,$(REVERB_PY))/,$(TFA_REVERB))
 

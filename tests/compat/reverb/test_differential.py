@@ -32,10 +32,13 @@ def run(lib, sampler, remover, script, max_size=8, max_times_sampled=0, limiter=
                 writer.create_item("t", op[2], writer.history[-1])
                 writer.flush()
             elif op[0] == "sample":
+                if not table.can_sample(op[1]):  # both would wait for ever
+                    seen.append(("refused",))
+                    continue
                 for s in client.sample("t", op[1], emit_timesteps=False):
                     keys.setdefault(int(s.data[0]), s.info.key)
                     seen.append(("draw", int(s.data[0]), round(s.info.probability, 9), s.info.priority))
-            else:
+            elif op[1] in keys:  # a key is known once its item was drawn
                 client.mutate_priorities("t", updates={keys[op[1]]: op[2]})
             seen.append(("size", table.info.current_size, table.can_sample(1)))
     server.stop()

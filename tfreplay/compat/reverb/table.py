@@ -216,19 +216,19 @@ class Table:
             self._cond.wait(1.0 if left is None else min(left, 1.0))  # wakes to see a stop without a notify
 
     def _insert(self, item: Item, timeout: float | None = None) -> None:
-        """Inserts `item` (an existing key: its priority and data are replaced), removing one when full."""
+        """Inserts `item` (an existing key: its priority and data are replaced); past `max_size`, the remover then
+        removes one item, which may be the new one (a Lifo remover does)."""
         _check_priority(f"Table {self._name!r}: insert", item.priority)
         with self._cond:
             self._wait(lambda: self._counts.can_insert(len(self._items), 1), timeout, "insert")
-            old = self._items.get(item.key)
-            if old is not None:
+            if item.key in self._items:
                 self._drop(item.key)
-            elif len(self._items) >= self.max_size:
-                self._drop(self._remover.select(self._rng)[0])
             self._items[item.key] = item
             self._sampler.insert(item.key, item.priority)
             self._remover.insert(item.key, item.priority)
             self._counts.inserts += 1
+            if len(self._items) > self.max_size:  # as Reverb: the remover chooses among all, the new item included
+                self._drop(self._remover.select(self._rng)[0])
             self._cond.notify_all()
 
     def _sample(self, timeout: float | None = None) -> tuple[Item, tuple]:
