@@ -108,9 +108,7 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
         fixed = all(s.shape.is_fully_defined() for s in tf.nest.flatten(specs))
         per_call = int(max_in_flight_samples_per_worker) if fixed else 1  # items of varying shape: one at a time
         draw = _Draws(address, name, specs, timeout, max_samples, per_call)
-        batched = tf.nest.map_structure(
-            lambda s: tf.TensorSpec([None, *s.shape], s.dtype), ReplaySample(info, specs)
-        )
+        batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), ReplaySample(info, specs))
         self._inner = tf.data.Dataset.from_generator(draw, output_signature=batched).unbatch()
         self._element_spec = self._inner.element_spec
         super().__init__(self._inner._variant_tensor)
