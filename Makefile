@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat bench-peers bazel-test test-wheel tutorials docs
+.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn bench-peers bazel-test test-wheel tutorials docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -129,13 +129,50 @@ $(COMPAT_OPS): $(COMPAT_STAMP) $(KERNELS)
 
 # TF-Agents' own tests against tfreplay.compat (imports redirected by tests/compat/redirect.py), the interop
 # tests, then tfreplay's suite on TF 2.15 less its slow tests and the parts that do not depend on TensorFlow's
-# version (the tutorials, the benchmarks' harness, packaging, Bazel): one pytest run, one summary line.
+# version (the tutorials, the benchmarks' harness, packaging, Bazel) and the Reverb shim's tests (`make test-reverb`):
+# one pytest run, one summary line.
 test-compat: $(COMPAT_OPS)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests -k "not WithHashing" \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
-		-m "not slow" --ignore=tests/tutorials --ignore=tests/benchmarks --ignore=tests/test_packaging.py \
+		-m "not slow" --ignore=tests/tutorials --ignore=tests/benchmarks --ignore=tests/compat/reverb --ignore=tests/test_packaging.py \
 		--ignore=tests/test_bazel_build.py tests
+
+# The Reverb lane: TF-Agents' own Reverb tests (from the 0.19.0 wheel) against tfreplay.compat.reverb, `import reverb`
+# redirected by tests/compat/reverb_redirect.py: (a) in the compat venv (TF 2.15, where the real dm-reverb also
+# installs), with tfreplay's Reverb tests and, in a pytest of their own (no redirect), the differential tests against
+# the real Reverb; (b) on current TensorFlow in .venv-reverb, built here: TF 2.21 with tf-agents --no-deps.
+TFA_REVERB = replay_buffers/reverb_replay_buffer_test.py replay_buffers/reverb_utils_test.py \
+	experimental/distributed/reverb_variable_container_test.py train/utils/replay_buffer_utils_test.py
+REVERB_VENV := .venv-reverb
+REVERB_PY := $(REVERB_VENV)/bin/python
+REVERB_STAMP := $(REVERB_VENV)/.installed-reverb
+TFA_ROOT = $(shell $(1) -c "import importlib.util as u; print(u.find_spec('tf_agents').submodule_search_locations[0])")
+REVERB_PYTEST = -m pytest -q -c tests/compat/pytest.ini -p reverb_redirect --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests
+
+$(REVERB_STAMP): tests/compat/requirements-reverb.txt
+	$(PYTHON) -m venv $(REVERB_VENV)
+	$(REVERB_PY) -m pip install --quiet --upgrade pip
+	$(REVERB_PY) -m pip install --quiet -r tests/compat/requirements-reverb.txt
+	$(REVERB_PY) -m pip install --quiet --no-deps tf-agents==0.19.0
+	touch $(REVERB_STAMP)
+
+REVERB_OPS := $(REVERB_VENV)/.built-ops
+$(REVERB_OPS): $(REVERB_STAMP) $(KERNELS)
+	PYTHONPATH=$(CURDIR) $(REVERB_PY) -m tfreplay.native build
+	touch $(REVERB_OPS)
+
+test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) $(REVERB_PYTEST) \
+		$(addprefix $(call TFA_ROOT,$(COMPAT_PY))/,$(TFA_REVERB)) tests/compat/reverb --ignore=tests/compat/reverb/test_differential.py
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
+		tests/compat/reverb/test_differential.py
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(REVERB_PY) $(REVERB_PYTEST) $(addprefix $(call TFA_ROOT,$(REVERB_PY))/,$(TFA_REVERB))
+
+# TF-Agents' DQN example (tf_agents/examples/dqn/dqn_train_eval.py, unmodified) on TF 2.21 over the shim, to a return of
+# 195 on CartPole, with its checkpoint saved and reloaded; prints the time, env steps, steps/s and the returns.
+reverb-dqn: $(REVERB_OPS)
+	TF_USE_LEGACY_KERAS=1 PYTHONPATH=$(CURDIR) $(REVERB_PY) tests/compat/reverb_dqn.py $(ARGS)
 
 # Bazel 4.2.3 from Debian (bazel-bootstrap, with bazel-bootstrap-source for the rule mocks .bazelrc names; both
 # installed when missing), offline: builds every target and runs a few fast test targets with the venv's Python.
@@ -156,4 +193,4 @@ bench-peers: $(COMPAT_OPS)
 	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.report .benchmarks/last.json
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) runs .pytest_cache .ruff_cache .benchmarks
+	rm -rf $(VENV) $(COMPAT_VENV) $(REVERB_VENV) runs .pytest_cache .ruff_cache .benchmarks

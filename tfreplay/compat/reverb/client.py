@@ -1,0 +1,165 @@
+"""`Client`: inserts, samples, priority updates, resets and writers on a server of this process."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfreplay.compat.reverb import server as server_lib
+from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
+from tfreplay.compat.reverb.table import Column, Item, Table, TableInfo, check_columns
+from tfreplay.compat.reverb.trajectory_writer import TrajectoryWriter
+
+
+class Writer:
+    """Reverb's first writer, over a `TrajectoryWriter`: `create_item(table, num_timesteps, priority)` makes an
+    item of the last `num_timesteps` appended steps, every column with a time axis."""
+
+    def __init__(self, client: Client, max_sequence_length: int):
+        self._writer = client.trajectory_writer(max_sequence_length, validate_items=False)
+        self._client, self._max = client, max_sequence_length
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def append(self, data: Any) -> None:
+        self._writer.append(data)
+
+    def append_sequence(self, sequence: Any) -> None:
+        """Appends each step of `sequence` (a nest whose leaves share their first dimension)."""
+        lengths = {np.shape(x)[0] for x in tf.nest.flatten(sequence)}
+        if len(lengths) != 1:
+            raise ValueError(f"Writer.append_sequence: the leaves' first dimensions ({sorted(lengths)}) must be equal.")
+        for i in range(lengths.pop()):
+            self._writer.append(tf.nest.map_structure(lambda x, i=i: np.asarray(x)[i], sequence))
+
+    def create_item(self, table: str, num_timesteps: int, priority: float) -> None:
+        steps = self._writer.episode_steps
+        if not isinstance(num_timesteps, int) or not 1 <= num_timesteps <= min(steps, self._max):
+            raise ValueError(
+                f"Writer.create_item: num_timesteps ({num_timesteps!r}) must be an integer in [1, "
+                f"{min(steps, self._max)}] (the steps appended in this episode, at most max_sequence_length)."
+            )
+        flat = tf.nest.flatten(self._writer.history)
+        columns = [h[-num_timesteps:] for h in flat]
+        target = self._client._table("Writer.create_item", table)
+        check_columns(
+            f"Writer.create_item (table {table!r})",
+            target.signature,
+            [c._column("create_item") for c in columns],
+            step_shapes=True,
+        )
+        self._writer.create_item(table, priority, columns)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self, retry_on_unavailable: bool = True) -> None:
+        self._writer.end_episode()
+        self._writer.close()
+
+
+class Client:
+    """A client of the `Server` at `server_address` (`"localhost:<port>"`) in this process."""
+
+    def __init__(self, server_address: str):
+        server_lib.parse_port("Client", server_address)
+        self._address = server_address
+
+    @property
+    def server_address(self) -> str:
+        return self._address
+
+    def __repr__(self) -> str:
+        return f"Client(server_address={self._address!r})"
+
+    def __reduce__(self) -> Any:
+        return Client, (self._address,)
+
+    def _table(self, where: str, name: str) -> Table:
+        return server_lib.find_table(where, self._address, name)
+
+    def insert(self, data: Any, priorities: dict) -> None:
+        """Inserts `data` (a nest) as one step into each table of `priorities` (name -> priority)."""
+        if not isinstance(priorities, dict) or not priorities:
+            raise ValueError(f"Client.insert: priorities ({priorities!r}) must be a non-empty dict table -> priority.")
+        columns = tuple(Column((np.array(x),), False) for x in tf.nest.flatten(data))
+        tables = {name: self._table("Client.insert", name) for name in priorities}
+        for name, table in tables.items():
+            check_columns(f"Client.insert (table {name!r})", table.signature, columns, step_shapes=True)
+        key = random.getrandbits(64)
+        for name, table in tables.items():
+            table._insert(Item(key, float(priorities[name]), columns))
+
+    def writer(
+        self,
+        max_sequence_length: int,
+        delta_encoded: bool = False,
+        chunk_length: Any = None,
+        max_in_flight_items: Any = None,
+    ) -> Writer:
+        """The legacy writer (`Writer`); chunking and delta encoding have no meaning in process."""
+        return Writer(self, max_sequence_length)
+
+    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True) -> TrajectoryWriter:
+        """A `TrajectoryWriter` into this server's tables."""
+        return TrajectoryWriter(lambda name: self._table("create_item", name), num_keep_alive_refs, validate_items)
+
+    def structured_writer(self, configs: Sequence[Any]) -> Any:
+        raise NotImplementedError(
+            "Client.structured_writer is not part of tfreplay.compat.reverb; use trajectory_writer."
+        )
+
+    def sample(
+        self, table: str, num_samples: int = 1, *, emit_timesteps: bool = True, unpack_as_table_signature: bool = False
+    ) -> Iterator[Any]:
+        """Yields `num_samples` draws (each waits for the rate limiter): lists of one `ReplaySample` per step
+        (`emit_timesteps`), else one `ReplaySample` of whole columns; data flat unless unpacked as the signature."""
+        target = self._table("Client.sample", table)
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"Client.sample: num_samples ({num_samples!r}) must be a positive integer.")
+        signature = target.signature if unpack_as_table_signature else None
+        unflatten = (lambda x: tf.nest.pack_sequence_as(signature, x)) if signature is not None else list
+        for _ in range(num_samples):
+            item, info = target._sample()
+            info = SampleInfo(*info)
+            data = [c.value() for c in item.columns]
+            if not emit_timesteps:
+                yield ReplaySample(info, unflatten(data))
+                continue
+            lengths = {1 if c.squeeze else len(c.cells) for c in item.columns}
+            if len(lengths) != 1 or any(c.squeeze for c in item.columns):
+                raise ValueError("Client.sample: the item's columns differ in length; use emit_timesteps=False.")
+            yield [ReplaySample(info, unflatten([col[t] for col in data])) for t in range(lengths.pop())]
+
+    def mutate_priorities(self, table: str, updates: dict | None = None, deletes: Sequence[int] | None = None) -> None:
+        """Sets priorities (`updates`: key -> priority) and removes items (`deletes`); unknown keys are ignored."""
+        self._table("Client.mutate_priorities", table)._mutate(dict(updates or {}), list(deletes or []))
+
+    def update_priorities(self, table: str, updates: dict) -> None:
+        """`mutate_priorities(table, updates)`."""
+        self.mutate_priorities(table, updates)
+
+    def reset(self, table: str) -> None:
+        """Removes every item of `table` and starts its rate limiter's counts again."""
+        self._table("Client.reset", table)._reset()
+
+    def server_info(self, timeout: Any = None) -> dict[str, TableInfo]:
+        """Each table's `TableInfo`, by name."""
+        server = server_lib.find_server("Client.server_info", self._address)
+        return {name: t.info for name, t in server.tables.items()}
+
+    def checkpoint(self) -> str:
+        """Writes every table to the server's checkpointer; returns the checkpoint's path."""
+        server = server_lib.find_server("Client.checkpoint", self._address)
+        if server.checkpointer is None:  # as Reverb: a temporary directory unless one was given
+            from tfreplay.compat.reverb.checkpointers import TempDirCheckpointer
+
+            server.checkpointer = TempDirCheckpointer()
+        return server.checkpointer.save(server.tables)

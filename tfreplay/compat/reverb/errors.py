@@ -1,0 +1,34 @@
+"""The errors a Reverb user catches, under Reverb's names (`reverb.errors.DeadlineExceededError`)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+class ReverbError(Exception):
+    """The base of the shim's own errors (Reverb's `ReverbError`)."""
+
+
+class DeadlineExceededError(ReverbError, tf.errors.DeadlineExceededError):
+    """A call not admitted by a table's rate limiter (or not done) within its timeout.
+
+    Also a `tf.errors.DeadlineExceededError`, what the same wait raises from a TensorFlow op.
+    """
+
+    def __init__(self, message: str):
+        tf.errors.DeadlineExceededError.__init__(self, None, None, message)
+
+
+class ServerStoppedError(ReverbError, tf.errors.CancelledError):
+    """A call on a table whose server was stopped (`Server.stop()`), or one waiting when it stopped."""
+
+    def __init__(self, message: str):
+        tf.errors.CancelledError.__init__(self, None, None, message)
+
+
+class SignatureError(tf.errors.InvalidArgumentError, ValueError):
+    """Data that does not match a table's signature: a `ValueError`, and TF's `InvalidArgumentError` (what an op
+    raises for it)."""
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)

@@ -1,0 +1,339 @@
+"""The item store: one table's items, its selectors, its rate limiter and the lock they share.
+
+An item is a key, a priority, a draw count and its columns. A column is a
+run of step cells (NumPy arrays the trajectory writer made, shared by every
+item that covers them, never copied) or, squeezed, one cell: an item holds
+slices of shared steps, as Reverb's chunks, so overlapping items cost no
+memory for the steps they share, and removing an item (by the remover when
+full, by `max_times_sampled`, by `mutate_priorities(deletes=)`) frees what no
+other item holds.
+
+Every call takes the table's condition variable; a call the rate limiter
+does not admit waits on it (with a deadline if given) and every change wakes
+the waiters. `Server.stop()` closes the table: waiting calls then raise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfreplay.compat.reverb import rate_limiters, selectors
+from tfreplay.compat.reverb.errors import DeadlineExceededError, ServerStoppedError
+
+
+class Column(NamedTuple):
+    """One column of an item: its step cells, and whether it is one step without a time axis (`squeeze`)."""
+
+    cells: tuple
+    squeeze: bool
+
+    def value(self) -> np.ndarray:
+        return self.cells[0] if self.squeeze else np.stack(self.cells)
+
+    def shape(self) -> tuple:
+        step = tuple(self.cells[0].shape)
+        return step if self.squeeze else (len(self.cells),) + step
+
+
+@dataclasses.dataclass
+class Item:
+    key: int
+    priority: float
+    columns: tuple
+    times_sampled: int = 0
+
+
+@dataclasses.dataclass
+class TableInfo:
+    """What `Client.server_info()[name]` and `Table.info` report (Reverb's fields)."""
+
+    name: str
+    sampler_options: selectors.SelectorOptions
+    remover_options: selectors.SelectorOptions
+    max_size: int
+    max_times_sampled: int
+    rate_limiter_info: rate_limiters.RateLimiterInfo
+    signature: Any
+    current_size: int
+    num_episodes: int
+    num_deleted_episodes: int
+    num_unique_samples: int
+    table_worker_time: Any = None
+
+
+def _positive_int(where: str, name: str, value: Any, minimum: int = 1) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{where}: {name} ({value!r}) must be {rule}.")
+    return int(value)
+
+
+class Table:
+    """A table of items: sampled by `sampler`, removed by `remover` when `max_size` is reached.
+
+    Args:
+      name: a non-empty name, unique on its server.
+      sampler, remover: `reverb.selectors` settings.
+      max_size: the most items held.
+      rate_limiter: a `reverb.rate_limiters` setting.
+      max_times_sampled: an item is removed after this many draws (0: never).
+      extensions: not supported (must be empty).
+      signature: a nest of `tf.TensorSpec`, each an item column's shape (time axis included) and dtype.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        sampler: selectors.Selector,
+        remover: selectors.Selector,
+        max_size: int,
+        rate_limiter: rate_limiters.RateLimiter,
+        max_times_sampled: int = 0,
+        extensions: Sequence[Any] = (),
+        signature: Any = None,
+    ):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"Table: name ({name!r}) must be a non-empty string.")
+        where = f"Table {name!r}"
+        self._sampler_setting = selectors.check(where, "sampler", sampler)
+        self._remover_setting = selectors.check(where, "remover", remover)
+        if not isinstance(rate_limiter, rate_limiters.RateLimiter):
+            raise TypeError(f"{where}: rate_limiter ({rate_limiter!r}) must be one of reverb.rate_limiters.")
+        self.max_size = _positive_int(where, "max_size", max_size)
+        self.max_times_sampled = max(int(max_times_sampled), 0)  # below 1: no limit, as Reverb
+        if extensions:
+            raise ValueError(f"{where}: extensions ({extensions!r}) are not supported by tfreplay.compat.reverb.")
+        if signature is not None:
+            for spec in tf.nest.flatten(signature):
+                if not isinstance(spec, tf.TensorSpec):
+                    raise TypeError(f"{where}: signature leaf ({spec!r}) must be a tf.TensorSpec.")
+        self._name, self._limiter, self._signature = name, rate_limiter, signature
+        self._cond = threading.Condition()
+        self._rng = np.random.default_rng()
+        self._closed = False
+        self._clear()
+
+    @classmethod
+    def queue(cls, name: str, max_size: int, extensions: Sequence[Any] = (), signature: Any = None) -> Table:
+        """A queue: Fifo in and out, each item sampled once; inserts wait while `max_size` items are unsampled."""
+        return cls(
+            name, selectors.Fifo(), selectors.Fifo(), max_size, rate_limiters.Queue(max_size), 1, extensions, signature
+        )
+
+    @classmethod
+    def stack(cls, name: str, max_size: int, extensions: Sequence[Any] = (), signature: Any = None) -> Table:
+        """A stack: Lifo in and out, each item sampled once; inserts wait while `max_size` items are unsampled."""
+        return cls(
+            name, selectors.Lifo(), selectors.Lifo(), max_size, rate_limiters.Stack(max_size), 1, extensions, signature
+        )
+
+    def replace(self, **overrides: Any) -> Table:
+        """A new, empty table with this one's settings, some replaced (`name=`, `max_size=`, ...)."""
+        settings = dict(
+            name=self._name,
+            sampler=self._sampler_setting,
+            remover=self._remover_setting,
+            max_size=self.max_size,
+            rate_limiter=self._limiter,
+            max_times_sampled=self.max_times_sampled,
+            signature=self._signature,
+        )
+        unknown = set(overrides) - set(settings) - {"extensions"}
+        if unknown:
+            raise TypeError(f"Table.replace: unknown settings {sorted(unknown)}; valid: {sorted(settings)}.")
+        settings.update({k: v for k, v in overrides.items() if v is not None})
+        return Table(**settings)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def signature(self) -> Any:
+        return self._signature
+
+    @property
+    def info(self) -> TableInfo:
+        with self._cond:
+            return TableInfo(
+                self._name,
+                self._sampler_setting.options,
+                self._remover_setting.options,
+                self.max_size,
+                self.max_times_sampled,
+                self._counts.info(),
+                self._signature,
+                len(self._items),
+                0,
+                0,
+                self._unique_samples,
+            )
+
+    def can_sample(self, num_samples: int) -> bool:
+        """Whether `num_samples` samples would be admitted now."""
+        with self._cond:
+            return bool(self._items) and self._counts.can_sample(len(self._items), num_samples)
+
+    def can_insert(self, num_inserts: int) -> bool:
+        """Whether `num_inserts` inserts would be admitted now."""
+        with self._cond:
+            return self._counts.can_insert(len(self._items), num_inserts)
+
+    def __repr__(self) -> str:
+        return (
+            f"Table(name={self._name!r}, sampler={self._sampler_setting!r}, remover={self._remover_setting!r}, "
+            f"max_size={self.max_size}, max_times_sampled={self.max_times_sampled}, rate_limiter={self._limiter!r})"
+        )
+
+    # The server's side (Client, TFClient, the writers and the datasets call these).
+    def _clear(self) -> None:
+        self._items: dict[int, Item] = {}
+        self._sampler, self._remover = self._sampler_setting.build(), self._remover_setting.build()
+        self._counts = self._limiter.build()
+        self._unique_samples = 0
+
+    def _wait(self, admitted: Callable[[], bool], timeout: float | None, what: str) -> None:
+        """Waits (holding the condition) until `admitted()`; raises on timeout or when the server stops."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._closed:
+                raise ServerStoppedError(f"Table {self._name!r}: the server was stopped; the {what} did not happen.")
+            if admitted():
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise DeadlineExceededError(
+                    f"Table {self._name!r}: the rate limiter did not admit the {what} within {timeout:g} s "
+                    f"(size {len(self._items)}, {self._counts.info()})."
+                )
+            self._cond.wait(1.0 if left is None else min(left, 1.0))  # wakes to see a stop without a notify
+
+    def _insert(self, item: Item, timeout: float | None = None) -> None:
+        """Inserts `item` (an existing key: its priority and data are replaced); past `max_size`, the remover then
+        removes one item, which may be the new one (a Lifo remover does)."""
+        _check_priority(f"Table {self._name!r}: insert", item.priority)
+        with self._cond:
+            self._wait(lambda: self._counts.can_insert(len(self._items), 1), timeout, "insert")
+            if item.key in self._items:
+                self._drop(item.key)
+            self._items[item.key] = item
+            self._sampler.insert(item.key, item.priority)
+            self._remover.insert(item.key, item.priority)
+            self._counts.inserts += 1
+            if len(self._items) > self.max_size:  # as Reverb: the remover chooses among all, the new item included
+                self._drop(self._remover.select(self._rng)[0])
+            self._cond.notify_all()
+
+    def _sample(self, timeout: float | None = None) -> tuple[Item, tuple]:
+        """Draws one item: `(item, (key, probability, table_size, priority, times_sampled))`."""
+        return self._sample_many(1, timeout)[0]
+
+    def _sample_many(self, n: int, timeout: float | None = None) -> list[tuple[Item, tuple]]:
+        """Waits for one draw, then takes up to `n - 1` more while the rate limiter admits them at once (a
+        dataset's samples in flight, under one lock)."""
+        with self._cond:
+            self._wait(self._can_draw, timeout, "sample")
+            draws = [self._draw()]
+            while len(draws) < n and self._can_draw():
+                draws.append(self._draw())
+            self._cond.notify_all()
+            return draws
+
+    def _can_draw(self) -> bool:
+        return bool(self._items) and self._counts.can_sample(len(self._items), 1)
+
+    def _draw(self) -> tuple[Item, tuple]:
+        key, probability = self._sampler.select(self._rng)
+        item = self._items[key]
+        item.times_sampled += 1
+        self._unique_samples += item.times_sampled == 1
+        self._counts.samples += 1
+        info = (key, probability, len(self._items), item.priority, item.times_sampled)
+        if self.max_times_sampled and item.times_sampled >= self.max_times_sampled:
+            self._drop(key)
+        return item, info
+
+    def _drop(self, key: int) -> None:
+        del self._items[key]
+        self._sampler.delete(key)
+        self._remover.delete(key)
+        self._counts.deletes += 1
+
+    def _mutate(self, updates: dict, deletes: Sequence[int]) -> None:
+        """Sets the priorities of `updates`' keys and removes `deletes`' keys; unknown keys are ignored."""
+        for key, priority in updates.items():
+            _check_priority(f"Table {self._name!r}: mutate_priorities", priority, f"priority of key {key}")
+        with self._cond:
+            for key, priority in updates.items():
+                item = self._items.get(int(key))
+                if item is not None:
+                    item.priority = float(priority)
+                    self._sampler.update(item.key, item.priority)
+                    self._remover.update(item.key, item.priority)
+            for key in deletes:
+                if int(key) in self._items:
+                    self._drop(int(key))
+            self._cond.notify_all()
+
+    def _reset(self) -> None:
+        with self._cond:
+            self._clear()
+            self._cond.notify_all()
+
+    def _close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _snapshot(self) -> tuple[list[Item], dict]:
+        """The items in insertion order and the counts, for a checkpoint."""
+        with self._cond:
+            c = self._counts
+            return list(self._items.values()), {"inserts": c.inserts, "samples": c.samples, "deletes": c.deletes}
+
+    def _restore(self, items: list[Item], counts: dict) -> None:
+        with self._cond:
+            self._clear()
+            for item in items:
+                self._items[item.key] = item
+                self._sampler.insert(item.key, item.priority)
+                self._remover.insert(item.key, item.priority)
+            self._counts.inserts, self._counts.samples = counts["inserts"], counts["samples"]
+            self._counts.deletes = counts["deletes"]
+            self._cond.notify_all()
+
+
+def _check_priority(where: str, priority: Any, name: str = "priority") -> None:
+    ok = isinstance(priority, (int, float, np.number)) and not isinstance(priority, bool)
+    if not ok or not math.isfinite(priority) or priority < 0:
+        raise ValueError(f"{where}: {name} ({priority!r}) must be a finite number >= 0.")
+
+
+def check_columns(where: str, signature: Any, columns: Sequence[Column], step_shapes: bool = False) -> None:
+    """Raises `SignatureError` unless `columns` match the flattened `signature` in number, dtype and shape
+    (`step_shapes`: a one-step column may also match by its step's shape, as Reverb's TF client reads it)."""
+    from tfreplay.compat.reverb.errors import SignatureError
+
+    if signature is None:
+        return
+    specs = tf.nest.flatten(signature)
+    if len(specs) != len(columns):
+        raise SignatureError(f"{where}: the item has {len(columns)} columns; the table's signature has {len(specs)}.")
+    for i, (spec, column) in enumerate(zip(specs, columns)):
+        dtype = tf.as_dtype(column.cells[0].dtype)
+        if dtype != spec.dtype:
+            raise SignatureError(
+                f"{where}: column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
+            )
+        shapes = [column.shape()] + ([tuple(column.cells[0].shape)] if step_shapes and len(column.cells) == 1 else [])
+        if not any(spec.shape.is_compatible_with(s) for s in shapes):
+            raise SignatureError(
+                f"{where}: column {i} has shape {column.shape()}; the signature expects {spec.shape.as_list()}."
+            )

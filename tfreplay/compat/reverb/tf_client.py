@@ -1,0 +1,115 @@
+"""`TFClient`: sample, insert and update priorities as TensorFlow ops, eagerly or inside `tf.function`.
+
+Eagerly a call runs at once; in a graph it is a `tf.numpy_function` op (so
+a graph using it runs in this process and is not serializable to another).
+A sampled item of one step comes without its time axis, as Reverb's TF
+client emits it.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfreplay.compat.reverb import server as server_lib
+from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
+from tfreplay.compat.reverb.table import Column, Item, check_columns
+
+_INFO_DTYPES = list(SampleInfo.tf_dtypes())
+
+
+class TFClient:
+    """TensorFlow ops on the `Server` at `server_address` in this process."""
+
+    def __init__(self, server_address: str, shared_name: str | None = None, name: str = "reverb"):
+        server_lib.parse_port("TFClient", server_address)
+        self._address, self._name = server_address, name
+
+    @property
+    def server_address(self) -> str:
+        return self._address
+
+    def sample(self, table: str, data_dtypes: Any, name: str | None = None) -> ReplaySample:
+        """One item of `table`: `ReplaySample(info, data)`, `data` nested as `data_dtypes`."""
+        target = server_lib.find_table("TFClient.sample", self._address, table)
+        dtypes = [tf.as_dtype(d) for d in tf.nest.flatten(data_dtypes)]
+
+        def draw() -> list:
+            item, info = target._sample()
+            columns = item.columns
+            if all(not c.squeeze and len(c.cells) == 1 for c in columns):
+                columns = tuple(Column(c.cells, True) for c in columns)  # one step: a timestep, no time axis
+            data = [c.value() for c in columns]
+            if len(data) != len(dtypes) or any(tf.as_dtype(x.dtype) != d for x, d in zip(data, dtypes)):
+                got = [tf.as_dtype(x.dtype).name for x in data]
+                raise TypeError(
+                    f"TFClient.sample: table {table!r} holds dtypes {got}; data_dtypes asks {[d.name for d in dtypes]}."
+                )
+            fields = [
+                np.uint64(info[0]),
+                np.float64(info[1]),
+                np.int64(info[2]),
+                np.float64(info[3]),
+                np.int32(info[4]),
+            ]
+            return fields + data
+
+        if tf.executing_eagerly():
+            out = [tf.constant(x) for x in draw()]
+        else:
+            out = tf.numpy_function(draw, [], _INFO_DTYPES + dtypes, name=name or f"{self._name}_sample")
+            for t in out[:5]:
+                t.set_shape([])
+        return ReplaySample(SampleInfo(*out[:5]), tf.nest.pack_sequence_as(data_dtypes, out[5:]))
+
+    def insert(self, data: Sequence[Any], tables: Any, priorities: Any, name: str | None = None) -> Any:
+        """Inserts `data` (tensors: one step, each a column) as an item of one step into `tables[i]` with
+        `priorities[i]` (a string and a float64 tensor of rank 1, of one length)."""
+        tables, priorities = tf.convert_to_tensor(tables), tf.convert_to_tensor(priorities)
+        if tables.dtype != tf.string or tables.shape.rank != 1:
+            raise ValueError(f"TFClient.insert: tables ({tables!r}) must be a string tensor of rank 1.")
+        if priorities.dtype != tf.float64 or priorities.shape.rank != 1:
+            raise ValueError(f"TFClient.insert: priorities ({priorities!r}) must be a float64 tensor of rank 1.")
+        if not tables.shape.is_compatible_with(priorities.shape):
+            raise ValueError(
+                f"TFClient.insert: priorities ({priorities.shape}) and tables ({tables.shape}) must "
+                "have the same shape."
+            )
+        address = self._address
+
+        def put(names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
+            columns = tuple(Column((np.array(v),), False) for v in values)  # one step, as Client.insert
+            key = random.getrandbits(64)
+            targets = [server_lib.find_table("TFClient.insert", address, n) for n in names]
+            for target in targets:
+                check_columns(f"TFClient.insert (table {target.name!r})", target.signature, columns, step_shapes=True)
+            for target, weight in zip(targets, weights):
+                target._insert(Item(key, float(weight), columns))
+            return np.array(True)
+
+        flat = [tf.convert_to_tensor(x) for x in tf.nest.flatten(data)]
+        if tf.executing_eagerly():
+            return tf.constant(put(tables.numpy(), priorities.numpy(), *[x.numpy() for x in flat]))
+        return tf.numpy_function(put, [tables, priorities, *flat], tf.bool, name=name or f"{self._name}_insert")
+
+    def update_priorities(self, table: str, keys: Any, priorities: Any, name: str | None = None) -> Any:
+        """Sets the priorities of `keys` (unknown keys are ignored)."""
+        target = server_lib.find_table("TFClient.update_priorities", self._address, table)
+        keys, priorities = tf.convert_to_tensor(keys), tf.convert_to_tensor(priorities)
+
+        def update(k: np.ndarray, p: np.ndarray) -> np.ndarray:
+            k, p = np.reshape(k, [-1]), np.reshape(p, [-1])
+            if k.shape != p.shape:
+                raise ValueError(
+                    f"TFClient.update_priorities: keys ({k.shape[0]}) and priorities ({p.shape[0]}) "
+                    "must have the same length."
+                )
+            target._mutate({int(a): float(b) for a, b in zip(k, p)}, [])
+            return np.array(True)
+
+        if tf.executing_eagerly():
+            return tf.constant(update(keys.numpy(), priorities.numpy()))
+        return tf.numpy_function(update, [keys, priorities], tf.bool, name=name or f"{self._name}_update_priorities")
