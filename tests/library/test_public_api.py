@@ -25,6 +25,10 @@ NAMESPACES = {
     "tfreplay.compat.tf_agents.replay_buffers.replay_buffer": ["ReplayBuffer", "BufferInfo"],
     "tfreplay.compat.tf_agents.replay_buffers.tf_uniform_replay_buffer": ["TFUniformReplayBuffer", "BufferInfo"],
     "tfreplay.compat.tf_agents.replay_buffers.py_uniform_replay_buffer": ["PyUniformReplayBuffer"],
+    "tfreplay.compat.reverb": None,
+    "tfreplay.compat.reverb.selectors": ["Uniform", "Prioritized", "Fifo", "Lifo", "MinHeap", "MaxHeap"],
+    "tfreplay.compat.reverb.rate_limiters": ["MinSize", "SampleToInsertRatio", "Queue", "Stack"],
+    "tfreplay.compat.reverb.checkpointers": ["DefaultCheckpointer", "TempDirCheckpointer", "default_checkpointer"],
 }
 
 
