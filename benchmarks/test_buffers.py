@@ -79,16 +79,14 @@ def test_add_py(benchmark, subjects):
     )
 
 
+def _window_rows_baseline(benchmark, subjects, op):
+    """A sampling group's baseline: the same window rows taken from NumPy arrays (timed beside the group)."""
+    group, items = _group(subjects, op), subjects.workload.items_per_sample
+    measure(benchmark, subjects.numpy.gather, group=group, case="NumPy: take window rows", role="baseline", items=items)
+
+
 def test_get_next_numpy_baseline(benchmark, subjects):
-    w = subjects.workload
-    measure(
-        benchmark,
-        subjects.numpy.gather,
-        group=_group(subjects, "get_next"),
-        case="NumPy: take window rows",
-        role="baseline",
-        items=w.items_per_sample,
-    )
+    _window_rows_baseline(benchmark, subjects, "get_next")
 
 
 def test_get_next_floor_numpy_draw(benchmark, subjects):
@@ -153,15 +151,7 @@ def test_get_next_py(benchmark, subjects):
 
 
 def test_as_dataset_numpy_baseline(benchmark, subjects):
-    w = subjects.workload
-    measure(
-        benchmark,
-        subjects.numpy.gather,
-        group=_group(subjects, "as_dataset"),
-        case="NumPy: take window rows",
-        role="baseline",
-        items=w.items_per_sample,
-    )
+    _window_rows_baseline(benchmark, subjects, "as_dataset")
 
 
 def test_as_dataset_floor_ready_element(benchmark, subjects):
