@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from reverb_helpers import draw, insert_ints
 from scipy import stats
 
@@ -125,3 +126,19 @@ def test_a_negative_priority_is_refused_and_leaves_the_table_as_it_was(serve):
     with pytest.raises(ValueError, match=r"priority \(-1.0\) must be a finite number >= 0"):
         insert_ints(client, "t", [1], [-1.0])
     assert t.info.current_size == 1
+
+
+@pytest.mark.parametrize("client_kind", ["Client", "TFClient"])
+def test_an_insert_into_two_tables_with_one_bad_priority_changes_neither(serve, client_kind):
+    first, second = table("a", reverb.selectors.Uniform()), table("b", reverb.selectors.Uniform())
+    server, client = serve(first, second)
+    with pytest.raises(ValueError, match=r"\(table 'b'\): priority \(-1.0\) must be a finite number >= 0"):
+        if client_kind == "Client":
+            client.insert(np.int64(7), {"a": 1.0, "b": -1.0})
+        else:
+            reverb.TFClient(f"localhost:{server.port}").insert(
+                [np.int64(7)], tf.constant(["a", "b"]), tf.constant([1.0, -1.0], tf.float64)
+            )
+    assert (first.info.current_size, second.info.current_size) == (0, 0)
+    client.insert(np.int64(7), {"a": 1.0, "b": 2.0})  # the same call with good priorities goes into both
+    assert (first.info.current_size, second.info.current_size) == (1, 1)

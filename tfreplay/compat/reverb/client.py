@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -10,7 +9,7 @@ import tensorflow as tf
 
 from tfreplay.compat.reverb import server as server_lib
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Column, Item, Table, TableInfo, check_columns
+from tfreplay.compat.reverb.table import Table, TableInfo, check_columns, insert_step
 from tfreplay.compat.reverb.trajectory_writer import TrajectoryWriter
 
 
@@ -89,13 +88,8 @@ class Client:
         """Inserts `data` (a nest) as one step into each table of `priorities` (name -> priority)."""
         if not isinstance(priorities, dict) or not priorities:
             raise ValueError(f"Client.insert: priorities ({priorities!r}) must be a non-empty dict table -> priority.")
-        columns = tuple(Column((np.array(x),), False) for x in tf.nest.flatten(data))
-        tables = {name: self._table("Client.insert", name) for name in priorities}
-        for name, table in tables.items():
-            check_columns(f"Client.insert (table {name!r})", table.signature, columns, step_shapes=True)
-        key = random.getrandbits(64)
-        for name, table in tables.items():
-            table._insert(Item(key, float(priorities[name]), columns))
+        targets = [(self._table("Client.insert", name), priority) for name, priority in priorities.items()]
+        insert_step("Client.insert", targets, tf.nest.flatten(data))
 
     def writer(
         self,

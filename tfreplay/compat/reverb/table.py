@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import threading
 import time
 from typing import Any, Callable, NamedTuple, Sequence
@@ -24,6 +25,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src import specs
 from tfreplay.compat.reverb import rate_limiters, selectors
 from tfreplay.compat.reverb.errors import DeadlineExceededError, ServerStoppedError
 
@@ -68,13 +70,6 @@ class TableInfo:
     table_worker_time: Any = None
 
 
-def _positive_int(where: str, name: str, value: Any, minimum: int = 1) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{where}: {name} ({value!r}) must be {rule}.")
-    return int(value)
-
-
 class Table:
     """A table of items: sampled by `sampler`, removed by `remover` when `max_size` is reached.
 
@@ -106,7 +101,8 @@ class Table:
         self._remover_setting = selectors.check(where, "remover", remover)
         if not isinstance(rate_limiter, rate_limiters.RateLimiter):
             raise TypeError(f"{where}: rate_limiter ({rate_limiter!r}) must be one of reverb.rate_limiters.")
-        self.max_size = _positive_int(where, "max_size", max_size)
+        specs.check_positive_int(where, "max_size", max_size)
+        self.max_size = int(max_size)
         self.max_times_sampled = max(int(max_times_sampled), 0)  # below 1: no limit, as Reverb
         if extensions:
             raise ValueError(f"{where}: extensions ({extensions!r}) are not supported by tfreplay.compat.reverb.")
@@ -308,6 +304,20 @@ class Table:
             self._counts.inserts, self._counts.samples = counts["inserts"], counts["samples"]
             self._counts.deletes = counts["deletes"]
             self._cond.notify_all()
+
+
+def insert_step(where: str, targets: Sequence[tuple[Table, Any]], values: Sequence[Any]) -> None:
+    """Inserts one step (`values`: one array a column) as one item, under one key, into each `(table, priority)`
+    of `targets` (`Client.insert`, `TFClient.insert`). Every signature and priority is checked before the first
+    insert, so a refused call changes no table."""
+    columns = tuple(Column((np.array(v),), False) for v in values)
+    weights = [float(priority) for _, priority in targets]
+    for (table, _), weight in zip(targets, weights):
+        check_columns(f"{where} (table {table.name!r})", table.signature, columns, step_shapes=True)
+        _check_priority(f"{where} (table {table.name!r})", weight)
+    key = random.getrandbits(64)
+    for (table, _), weight in zip(targets, weights):
+        table._insert(Item(key, weight, columns))
 
 
 def _check_priority(where: str, priority: Any, name: str = "priority") -> None:

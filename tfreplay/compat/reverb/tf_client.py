@@ -8,7 +8,6 @@ client emits it.
 
 from __future__ import annotations
 
-import random
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,7 +15,7 @@ import tensorflow as tf
 
 from tfreplay.compat.reverb import server as server_lib
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Column, Item, check_columns
+from tfreplay.compat.reverb.table import Column, insert_step
 
 _INFO_DTYPES = list(SampleInfo.tf_dtypes())
 
@@ -81,13 +80,8 @@ class TFClient:
         address = self._address
 
         def put(names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
-            columns = tuple(Column((np.array(v),), False) for v in values)  # one step, as Client.insert
-            key = random.getrandbits(64)
-            targets = [server_lib.find_table("TFClient.insert", address, n) for n in names]
-            for target in targets:
-                check_columns(f"TFClient.insert (table {target.name!r})", target.signature, columns, step_shapes=True)
-            for target, weight in zip(targets, weights):
-                target._insert(Item(key, float(weight), columns))
+            targets = [(server_lib.find_table("TFClient.insert", address, n), w) for n, w in zip(names, weights)]
+            insert_step("TFClient.insert", targets, values)  # one step, as Client.insert
             return np.array(True)
 
         flat = [tf.convert_to_tensor(x) for x in tf.nest.flatten(data)]
