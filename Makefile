@@ -111,8 +111,9 @@ test-pythons: $(STAMP)
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-compat
-# TF-Agents' replay-buffer tests, run from the installed wheel (found without importing tf_agents).
-TFA_DIR = $(shell $(COMPAT_PY) -c "import importlib.util as u; print(u.find_spec('tf_agents').submodule_search_locations[0])")/replay_buffers
+# Where a venv's python ($(1)) has tf_agents installed, found without importing it: TF-Agents' tests run from the wheel.
+TFA_ROOT = $(shell $(1) -c "import importlib.util as u; print(u.find_spec('tf_agents').submodule_search_locations[0])")
+TFA_DIR = $(call TFA_ROOT,$(COMPAT_PY))/replay_buffers
 
 $(COMPAT_STAMP): tests/compat/requirements.txt
 	$(PYTHON) -m venv $(COMPAT_VENV)
@@ -147,7 +148,6 @@ TFA_REVERB = replay_buffers/reverb_replay_buffer_test.py replay_buffers/reverb_u
 REVERB_VENV := .venv-reverb
 REVERB_PY := $(REVERB_VENV)/bin/python
 REVERB_STAMP := $(REVERB_VENV)/.installed-reverb
-TFA_ROOT = $(shell $(1) -c "import importlib.util as u; print(u.find_spec('tf_agents').submodule_search_locations[0])")
 REVERB_PYTEST = -m pytest -q -c tests/compat/pytest.ini -p reverb_redirect --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests
 
 $(REVERB_STAMP): tests/compat/requirements-reverb.txt
