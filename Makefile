@@ -28,17 +28,25 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials
 	$(PY) -m mypy tfreplay
 
+# Every pytest lane runs on both cores (pytest-xdist: JOBS workers, `make test JOBS=0` for one process) and prints its
+# 20 slowest tests, which `.ci/lanes.py` collects from a CI log. `loadfile` hands out whole files: a docs page's
+# blocks share one namespace and run in order, and a test file's traced functions are traced once.
+JOBS ?= 2
+XDIST = $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadfile,)
+PYTEST_LANE = -q $(XDIST) --durations=20
+
 # The suite with every python block of README.md and docs/ (Sybil, the root conftest.py) under tf-keras, then the
 # Keras-touching tests (marked `keras`) again under Keras 3, current TensorFlow's default. Tests marked `slow`
 # (training runs, the tutorials' notebooks, long property, concurrency and crash runs) are `make test-slow`'s.
 test: $(STAMP) lint
-	$(PY) -m pytest -q -m "not slow" tests README.md docs
-	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q -m "keras and not slow" tests
+	$(PY) -m pytest $(PYTEST_LANE) -m "not slow" tests README.md docs
+	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest $(PYTEST_LANE) -m "keras and not slow" tests
 
-# The slow tests, in the same two passes (CI runs them after `make test`).
+# The slow tests, in the same two passes (CI runs them after `make test`). Their property, soak and crash runs are
+# sized by counts with fixed seeds; docs/architecture.md lists the variables that make them longer.
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow tests
-	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q -m "keras and slow" tests
+	$(PY) -m pytest $(PYTEST_LANE) -m slow tests
+	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest $(PYTEST_LANE) -m "keras and slow" tests
 
 # The tutorials' notebooks, written beside their jupytext percent scripts (tutorials/NN_topic.py -> .ipynb, not
 # committed, without outputs): open them in Jupyter or upload them to Colab.
@@ -129,12 +137,15 @@ $(COMPAT_OPS): $(COMPAT_STAMP) $(KERNELS)
 	touch $(COMPAT_OPS)
 
 # TF-Agents' own tests against tfreplay.compat (imports redirected by tests/compat/redirect.py), the interop
-# tests, then tfreplay's suite on TF 2.15 less its slow tests and the parts that do not depend on TensorFlow's
-# version (the tutorials, the benchmarks' harness, packaging, Bazel) and the Reverb shim's tests (`make test-reverb`):
-# one pytest run, one summary line.
+# tests, then tfreplay's suite on TF 2.15, chosen by what TensorFlow's version can change: `-p tf_dependent`
+# (tests/compat/tf_dependent.py) deselects the tests that run only NumPy code (NumPy buffers called eagerly, the
+# memmap storage, fastrl, the Ray service, the API snapshot), and the run leaves out the slow tests and the parts
+# that do not run TensorFlow's graph code (the tutorials, the benchmarks' harness, packaging, Bazel) and the Reverb
+# shim's tests (`make test-reverb`): one pytest run, one summary line.
 test-compat: $(COMPAT_OPS)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests -k "not WithHashing" \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest $(PYTEST_LANE) -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
+		-p tf_dependent -k "not WithHashing" \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
 		-m "not slow" --ignore=tests/tutorials --ignore=tests/benchmarks --ignore=tests/compat/reverb --ignore=tests/test_packaging.py \
 		--ignore=tests/test_bazel_build.py tests
@@ -142,7 +153,7 @@ test-compat: $(COMPAT_OPS)
 # The Reverb lane: TF-Agents' own Reverb tests (from the 0.19.0 wheel) against tfreplay.compat.reverb, `import reverb`
 # redirected by tests/compat/reverb_redirect.py: (a) in the compat venv (TF 2.15, where the real dm-reverb also
 # installs), with tfreplay's Reverb tests and, in a pytest of their own (no redirect), the differential tests against
-# the real Reverb; (b) on current TensorFlow in .venv-reverb, built here: TF 2.21 with tf-agents --no-deps.
+# the real Reverb; (b) on current TensorFlow in .venv-reverb: TF 2.21 with tf-agents --no-deps.
 TFA_REVERB = replay_buffers/reverb_replay_buffer_test.py replay_buffers/reverb_utils_test.py \
 	experimental/distributed/reverb_variable_container_test.py train/utils/replay_buffer_utils_test.py
 REVERB_VENV := .venv-reverb
@@ -150,9 +161,15 @@ REVERB_PY := $(REVERB_VENV)/bin/python
 REVERB_STAMP := $(REVERB_VENV)/.installed-reverb
 REVERB_PYTEST = -m pytest -q -c tests/compat/pytest.ini -p reverb_redirect --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests
 
-$(REVERB_STAMP): tests/compat/requirements-reverb.txt
+# .venv-reverb adds to the main venv instead of installing TensorFlow again: a .pth file puts .venv's packages
+# (TensorFlow, tf-keras, pytest, ...) behind its own, and pip installs only what the pins add or change on top
+# (TF-Agents, TensorFlow Probability, gym, NumPy below 2.4, which shadows the main venv's).
+MAIN_SITE = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+
+$(REVERB_STAMP): tests/compat/requirements-reverb.txt $(STAMP)
+	rm -rf $(REVERB_VENV)
 	$(PYTHON) -m venv $(REVERB_VENV)
-	$(REVERB_PY) -m pip install --quiet --upgrade pip
+	$(REVERB_PY) -c "import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), 'main-venv.pth').write_text(f'import site; site.addsitedir({sys.argv[1]!r})\n')" "$(MAIN_SITE)"
 	$(REVERB_PY) -m pip install --quiet -r tests/compat/requirements-reverb.txt
 	$(REVERB_PY) -m pip install --quiet --no-deps tf-agents==0.19.0
 	touch $(REVERB_STAMP)

@@ -93,6 +93,7 @@ TEST = (
         "jupytext>=1.16",  # the tutorials are percent scripts, converted to notebooks to run
         "sybil[pytest]>=6",  # runs every python block of README.md and docs/ (the root conftest.py)
         "pytest-benchmark>=4",  # tests/benchmarks runs the benchmark files on tiny sizes
+        "pytest-xdist>=3.5",  # every pytest lane runs on both cores
     ]
     + EXAMPLES
     + RAY

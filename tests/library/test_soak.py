@@ -1,4 +1,4 @@
-"""Soak: every way into and out of the buffers racing at once, for a fixed time, under a watchdog.
+"""Soak: every way into and out of the buffers racing at once, for a fixed count of rounds, under a watchdog.
 
 Writers (eager `add_batch`, `add_batch` inside `tf.function`), readers (eager
 `get_next`, `get_next` inside `tf.function`, eager `gather_all` and
@@ -9,12 +9,18 @@ make writers overwrite what readers are reading. Every side must stop when
 told, within a deadline, or the test fails with the stuck sides' stacks; a
 timer kills a run whose own thread hangs (it dumps every stack first). Every
 sampled item must be whole and its ids plausible.
+
+The race lasts until the slowest side has run `TFREPLAY_SOAK_ROUNDS` rounds
+(every side keeps going until then), so its length is a count, not a time:
+`TFREPLAY_SOAK_ROUNDS=200 pytest -m slow tests/library/test_soak.py -s` soaks
+for longer.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import itertools
+import os
 import sys
 import threading
 import time
@@ -33,7 +39,7 @@ from tfreplay import (
     frame_data_spec,
 )
 
-RACE_SECONDS = 8.0
+RACE_ROUNDS = int(os.environ.get("TFREPLAY_SOAK_ROUNDS", "8"))  # of the slowest side
 JOIN_SECONDS = 60.0  # after the stop: a side still running then is stuck
 KILL_SECONDS = 300.0  # the whole test, in case the test's own thread hangs
 SEGMENTS, RING, SAMPLE = 4, 24, 8  # the ring of every buffer wraps every 24 adds
@@ -49,6 +55,7 @@ class Sides:
         self.rounds: dict[str, int] = {}
         self.errors: list[tuple[str, BaseException]] = []
         self.threads: list[threading.Thread] = []
+        self.target = 1
 
     def add(self, name: str, step) -> None:
         def run() -> None:
@@ -56,6 +63,8 @@ class Sides:
                 while True:
                     step()
                     self.rounds[name] = self.rounds.get(name, 0) + 1
+                    if min(self.rounds.values()) >= self.target:
+                        self.stop.set()
                     if self.stop.is_set():
                         return
             except BaseException as err:  # reported by race()
@@ -65,11 +74,13 @@ class Sides:
         self.rounds[name] = 0
         self.threads.append(threading.Thread(target=run, name=name, daemon=True))
 
-    def race(self, seconds: float) -> None:
-        """Runs every side for `seconds`; fails with the stuck sides' stacks if any outlives the deadline."""
+    def race(self, rounds: int) -> None:
+        """Runs every side until each has run `rounds` rounds; fails with the stuck sides' stacks if any outlives
+        the deadline after the stop."""
+        self.target = rounds
         for thread in self.threads:
             thread.start()
-        self.stop.wait(seconds)
+        self.stop.wait(KILL_SECONDS / 2)  # a side stuck before its rounds is reported below, with its stack
         self.stop.set()
         deadline = time.monotonic() + JOIN_SECONDS
         for thread in self.threads:
@@ -292,7 +303,7 @@ def test_every_side_racing_at_once_finishes_and_reads_whole_items(kill_switch, f
         frame_sides(sides, "py", PyFrameReplayBuffer(spec, batch_size=SEGMENTS, max_length=RING, history_len=3)),
     ]
 
-    sides.race(RACE_SECONDS)
+    sides.race(RACE_ROUNDS)
 
     for buf in buffers:
         buf.tally.check()
