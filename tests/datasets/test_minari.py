@@ -17,6 +17,8 @@ pytest.importorskip("PIL", reason="Minari's storages import Pillow")
 import gymnasium as gym  # noqa: E402  (a dependency of Minari)
 from minari.data_collector import EpisodeBuffer  # noqa: E402
 
+h5py = pytest.importorskip("h5py")
+
 from tfreplay import datasets  # noqa: E402
 
 # Minari reminds the author of every metadata field left out (author, code_permalink, ...).
@@ -252,7 +254,9 @@ def test_a_field_the_spec_needs_but_the_episodes_miss_is_named_and_nothing_is_ad
     needs_goal = {**CARTPOLE, "goal": CARTPOLE_OBS}
     other = tfreplay.PyUniformReplayBuffer(needs_goal, capacity=200)
     with pytest.raises(
-        ValueError, match=r"load_minari: the buffer's field 'goal' has no source: episode 0 of the Minari dataset gives"
+        ValueError,
+        match=r"load_minari: the buffer's field 'goal' has no source: episode 0 of the Minari dataset "
+        r"\('tests/cartpole-v0'\) gives",
     ):
         datasets.load_minari("tests/cartpole-v0", other)
     assert other.num_frames() == 0
@@ -275,20 +279,71 @@ def test_a_dtype_or_shape_that_differs_is_named_and_nothing_is_added(cartpole, n
     assert_unchanged(rb, before)
 
 
-def test_a_later_episode_of_another_layout_is_refused_before_it_is_added(cartpole):
-    odd = cartpole[1]
-    wide = EpisodeBuffer(  # Minari's hdf5 storage does not check episodes against the space
-        observations=np.concatenate([odd.observations, odd.observations[:, :1]], 1),
-        actions=odd.actions,
-        rewards=odd.rewards,
-        terminations=odd.terminations,
-        truncations=odd.truncations,
-    )
-    minari.create_dataset_from_buffers("tests/mixed-v0", [cartpole[0], wide], env=gym.make("CartPole-v1"))
-    rb = tfreplay.PyUniformReplayBuffer(CARTPOLE, capacity=200)
-    with pytest.raises(ValueError, match=r"observation has shape \(5,\) where episode 1 of the Minari dataset gives"):
-        datasets.load_minari("tests/mixed-v0", rb)
-    assert rb.num_frames() == len(cartpole[0].rewards)  # the first episode, whole
+def malformed(episode, **changes):
+    """A copy of a Minari episode buffer with some of its arrays replaced (Minari's storages do not check them)."""
+    fields = ("observations", "actions", "rewards", "terminations", "truncations")
+    return EpisodeBuffer(**{name: changes.get(name, getattr(episode, name)) for name in fields})
+
+
+def flag_at(flags, step):
+    out = np.array(flags)
+    out[step] = True
+    return out
+
+
+# A malformed third episode (index 2, after two good ones): how it is malformed, and what the refusal says.
+MALFORMED_MINARI = {
+    "wider observations": (
+        lambda ep: malformed(ep, observations=np.concatenate([ep.observations, ep.observations[:, :1]], 1)),
+        r"observation has shape \(5,\) where episode 2 of the Minari dataset \('tests/bad-v0'\) gives",
+    ),
+    "no final observation": (
+        lambda ep: malformed(ep, observations=ep.observations[:-1]),
+        r"episode 2 of the Minari dataset \('tests/bad-v0'\): observations \(\d+ entries\) must hold one more "
+        r"entry than rewards \(\d+\)",
+    ),
+    "an action short": (
+        lambda ep: malformed(ep, actions=ep.actions[:-1]),
+        r"episode 2 of the Minari dataset \('tests/bad-v0'\): actions \(\d+ entries\) must hold one entry per reward",
+    ),
+    "a termination in the middle": (
+        lambda ep: malformed(ep, terminations=flag_at(ep.terminations, 1)),
+        r"episode 2 of the Minari dataset \('tests/bad-v0'\), step 1: terminations \(True\) must be False before "
+        r"the episode's last step",
+    ),
+    "a truncation in the middle": (
+        lambda ep: malformed(ep, truncations=flag_at(ep.truncations, 2)),
+        r"episode 2 of the Minari dataset \('tests/bad-v0'\), step 2: truncations \(True\) must be False before "
+        r"the episode's last step",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_MINARI))
+def test_a_malformed_later_episode_is_refused_and_the_buffer_is_unchanged(cartpole, case):
+    malform, message = MALFORMED_MINARI[case]
+    assert all(len(ep.rewards) > 3 for ep in cartpole[:3])
+    episodes = [*cartpole[:2], malform(cartpole[2])]
+    minari.create_dataset_from_buffers("tests/bad-v0", episodes, env=gym.make("CartPole-v1"))
+    rb, before = prefilled(cartpole)
+    with pytest.raises(ValueError, match=f"load_minari: {message}"):
+        datasets.load_minari("tests/bad-v0", rb)
+    assert_unchanged(rb, before)
+
+
+def test_a_later_episode_that_lacks_a_field_is_refused_and_the_buffer_is_unchanged(cartpole):
+    dataset = minari.create_dataset_from_buffers("tests/bad-v0", cartpole[:3], env=gym.make("CartPole-v1"))
+    with h5py.File(os.path.join(dataset.spec.data_path, "main_data.hdf5"), "a") as file:
+        del file["episode_2/rewards"]
+    rb, before = prefilled(cartpole)
+    with pytest.raises(
+        ValueError,
+        match=r"load_minari: episode 2 of the Minari dataset \('tests/bad-v0'\): rewards must be readable; reading "
+        r"the episode raised KeyError",
+    ) as raised:
+        datasets.load_minari("tests/bad-v0", rb)
+    assert isinstance(raised.value.__cause__, KeyError)
+    assert_unchanged(rb, before)
 
 
 OBS = tf.TensorSpec([2], tf.float32)

@@ -380,3 +380,156 @@ def test_tf_prioritized_buffer_loads_every_episode_whole(envlogger_dir):
     info = datasets.load_rlds(envlogger_dir, rb)
     assert info.num_items == int(rb.num_frames()) == 7
     np.testing.assert_array_equal(gathered(rb)["action"].reshape(-1), [0, 1, 2, 10, 11, 12, 13])
+
+
+def ragged_source(episodes):
+    """A `tf.data.Dataset` of RLDS episodes whose observations may differ in width, across and within episodes."""
+    steps = [episode["steps"] for episode in episodes]
+    bounds = tf.constant(np.cumsum([0, *(len(s["is_first"]) for s in steps)]))
+    observation = tf.ragged.constant([np.asarray(o).tolist() for s in steps for o in s["observation"]], tf.float32)
+    rest = {name: tf.constant(np.concatenate([s[name] for s in steps])) for name in steps[0] if name != "observation"}
+    ids = tf.constant([episode["episode_id"] for episode in episodes], tf.int64)
+
+    def episode(i):
+        fields = {name: value[bounds[i] : bounds[i + 1]] for name, value in rest.items()}
+        fields["observation"] = observation[bounds[i] : bounds[i + 1]]
+        dense = lambda step: dict(step, observation=tf.reshape(step["observation"], [-1]))  # noqa: E731
+        return {"episode_id": ids[i], "steps": tf.data.Dataset.from_tensor_slices(fields).map(dense)}
+
+    return tf.data.Dataset.range(len(episodes)).map(episode)
+
+
+def widen(steps):
+    steps["observation"] = np.concatenate([steps["observation"], steps["observation"][:, :1]], 1)
+
+
+def ragged(first, stop):
+    """Steps `[first, stop)` of another width: the steps of one episode cannot be batched, or the batches joined."""
+
+    def malform(steps):
+        observations = list(steps["observation"])
+        for k in range(first, stop):
+            observations[k] = np.zeros(3, np.float32)
+        steps["observation"] = observations
+
+    return malform
+
+
+def set_mark(name, step, value):
+    def malform(steps):
+        steps[name][step] = value
+
+    return malform
+
+
+UNREADABLE = r"episode 2 of the RLDS dataset \(.*\): observation must be readable, one shape in every step; .*raised "
+# A malformed third episode (index 2, after two good ones): how it is malformed, and what the refusal says.
+MALFORMED_RLDS = {
+    "wider observations": (widen, r"observation has shape \(3,\) where episode 2 of the RLDS dataset \(.*\) gives"),
+    "a step of another width": (ragged(1, 2), UNREADABLE + "InvalidArgumentError"),
+    "a chunk of steps of another width": (ragged(2, 4), UNREADABLE + "ValueError"),  # chunk_size=2
+    "no is_first": (
+        set_mark("is_first", 0, False),
+        r"episode 2 of the RLDS dataset \(.*\), step 0: is_first \(False\) must be True at the episode's first step",
+    ),
+    "a second is_first": (
+        set_mark("is_first", 2, True),
+        r"episode 2 of the RLDS dataset \(.*\), step 2: is_first \(True\) must be .* False after it",
+    ),
+    "is_last in the middle": (
+        set_mark("is_last", 1, True),
+        r"episode 2 of the RLDS dataset \(.*\), step 1: is_last \(True\) must be False before the episode's last step",
+    ),
+    "is_terminal without is_last": (
+        set_mark("is_terminal", 1, True),
+        r"episode 2 of the RLDS dataset \(.*\), step 1: is_terminal \(True\) must be False where is_last is False",
+    ),
+}
+
+
+@pytest.fixture(params=["PyUniformReplayBuffer", "TFUniformReplayBuffer"])
+def prefilled(request, envlogger_dir):
+    """A buffer that holds the 7 items of `envlogger_dir`, and what it holds."""
+    if request.param == "PyUniformReplayBuffer":
+        rb = tfreplay.PyUniformReplayBuffer(SPEC, capacity=50)
+    else:
+        rb = tfreplay.TFUniformReplayBuffer(SPEC, batch_size=1, max_length=50)
+    datasets.load_rlds(envlogger_dir, rb)
+    return rb, gathered(rb)
+
+
+def assert_unchanged(rb, before):
+    assert int(rb.num_frames()) == len(before["action"][0]) == 7
+    for name, value in gathered(rb).items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_RLDS))
+def test_a_malformed_later_episode_is_refused_and_the_buffer_is_unchanged(prefilled, case):
+    malform, message = MALFORMED_RLDS[case]
+    episodes = [episode_steps(i, 100 * i, 3, convention="envlogger", terminal=True) for i in range(3)]
+    malform(episodes[2]["steps"])
+    rb, before = prefilled
+    with pytest.raises(ValueError, match=f"load_rlds: {message}"):
+        datasets.load_rlds(ragged_source(episodes), rb, chunk_size=2)
+    assert_unchanged(rb, before)
+
+
+TO_ITEMS_REFUSALS = {  # what to_items does wrong for episode 2 only, and what the refusal says
+    "a dtype": (
+        lambda items: dict(items, reward=items["reward"].astype(np.float64)),
+        TypeError,
+        r"reward has dtype float64 where to_items, for episode 2 of the RLDS dataset \('.*good'\), gives it",
+    ),
+    "a field a row short": (
+        lambda items: dict(items, next_observation=items["next_observation"][:-1]),
+        ValueError,
+        r"the items of episode 2 of the RLDS dataset \('.*good'\) \(.*next_observation: 2 rows.*\) must have one "
+        "row per item",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TO_ITEMS_REFUSALS))
+def test_to_items_that_fails_on_a_later_episode_leaves_the_buffer_unchanged(tmp_path, prefilled, case):
+    spoil, error, message = TO_ITEMS_REFUSALS[case]
+    episodes = [episode_steps(i, 100 * i, 3, convention="envlogger", terminal=True) for i in range(3)]
+    directory = write_with_tfds(str(tmp_path / "good"), episodes)
+
+    def to_items(transitions, metadata):
+        items = {name: transitions[name] for name in SPEC}
+        return spoil(items) if metadata["episode_id"] == 2 else items
+
+    rb, before = prefilled
+    with pytest.raises(error, match=f"load_rlds: {message}"):
+        datasets.load_rlds(directory, rb, to_items=to_items)
+    assert_unchanged(rb, before)
+
+
+def test_a_source_read_in_another_order_the_second_time_is_added_whole(prefilled):
+    episodes = [episode_steps(i, 100 * i, 2 + i, convention="envlogger", terminal=True) for i in range(4)]
+    source = ragged_source(episodes).shuffle(4, seed=0, reshuffle_each_iteration=True)
+    rb, before = prefilled
+    assert datasets.load_rlds(source, rb).num_items == 2 + 3 + 4 + 5
+    assert int(rb.num_frames()) == 7 + 14
+    np.testing.assert_array_equal(np.sort(gathered(rb)["action"][0, 7:]) // 100, np.repeat(np.arange(4), [2, 3, 4, 5]))
+
+
+def test_a_source_that_changes_between_its_reads_is_named():
+    reads = tf.Variable(0)
+
+    def episode(i):
+        num = 2 + reads.assign_add(1)  # each episode read is longer than the one before: 3, 4, 5, then 6, ...
+        steps = {
+            "observation": tf.zeros([num, 2]),
+            "is_first": tf.range(num) == 0,
+            "is_last": tf.range(num) == num - 1,
+            "is_terminal": tf.zeros([num], tf.bool),
+        }
+        return {"steps": tf.data.Dataset.from_tensor_slices(steps)}
+
+    rb = tfreplay.PyUniformReplayBuffer({"observation": OBS}, capacity=5000)
+    source = tf.data.Dataset.range(3).map(episode)
+    message = r"load_rlds: the RLDS dataset \(a tf.data.Dataset\) must give the same episodes on each read: .* 5 items"
+    with pytest.raises(ValueError, match=message):
+        datasets.load_rlds(source, rb, convention="envlogger")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import collections.abc
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -48,32 +49,84 @@ def episode_fields(transitions: dict, metadata: dict, frames: bool) -> dict:
 
 
 def add_episodes(
-    where: str, buffer: Any, episodes: Iterable[tuple[dict, Any]], to_items: ToItems | None, origin: str
+    where: str, buffer: Any, read: Callable[[], Iterable[tuple[dict, Any]]], to_items: ToItems | None, origin: str
 ) -> tuple[int, int, int]:
-    """Adds each `(fields, context)` episode: default fields (`episode_fields`), and what `to_items` also gets.
+    """Checks every `(fields, context)` episode that `read()` gives, then reads them again and adds them.
 
-    Each episode's items are checked against the buffer's spec before they are added, so an episode of
-    another layout is refused whole (`origin` names the source in the message, e.g. `"RLDS dataset"`).
+    Each episode's items (its default fields, `episode_fields`, or what `to_items` makes of them and the
+    context) are checked against the buffer's spec, so a source that any episode of fails is refused before
+    anything is added: the buffer is unchanged. Checking first costs a second read of the source, not memory:
+    each read holds one episode at a time. `to_items` runs on both reads. `origin` names the source in the
+    messages, e.g. `"RLDS dataset ('/data/x')"`.
 
     Returns:
       `(num_episodes, num_items, num_items_left_out)`.
+
+    Raises:
+      ValueError: the second read gives an episode the first did not (a source that changes between reads);
+        the buffer then holds the episodes added before it, as the message says.
     """
+    checked = collections.Counter(length for length, _ in _checked(where, buffer, read(), to_items, origin))
     spreader = _Spreader(buffer)
     num_episodes = 0
-    for fields, context in episodes:
+    second = _checked(where, buffer, read(), to_items, origin)
+    while True:
+        try:
+            length, items = next(second)
+        except StopIteration:
+            break
+        except (TypeError, ValueError) as err:
+            raise _changed(where, origin, spreader, f"refused an episode: {err}") from err
         num_episodes += 1
-        length = len(fields.get("first", ()))
-        if not length:
+        if not checked[length]:
+            raise _changed(where, origin, spreader, f"gave an episode of {length} items that its first did not.")
+        checked[length] -= 1
+        if length:
+            try:
+                spreader.add(items, length)
+            except (TypeError, ValueError, tf.errors.OpError) as err:
+                raise ValueError(
+                    f"{where}: episode {num_episodes - 1} of the {origin} must be added whole; adding it raised "
+                    f"{type(err).__name__}: {err}. The buffer holds the {spreader.num_written} items added before it."
+                ) from err
+    return num_episodes, spreader.num_written, spreader.num_left_out()
+
+
+def _changed(where: str, origin: str, spreader: _Spreader, what: str) -> ValueError:
+    return ValueError(
+        f"{where}: the {origin} must give the same episodes on each read: its second read (to add them) {what} "
+        f"The buffer holds the {spreader.num_written} items added before it."
+    )
+
+
+def _checked(
+    where: str, buffer: Any, episodes: Iterable[tuple[dict, Any]], to_items: ToItems | None, origin: str
+) -> Iterator[tuple[int, Nest]]:
+    """Each episode's `(number of items, items)`, checked against the buffer's spec (`(0, None)` when empty)."""
+    for index, (fields, context) in enumerate(episodes):
+        if not len(fields.get("first", ())):
+            yield 0, None
             continue
+        label = f"episode {index} of the {origin}"
         if to_items is not None:
             items = to_items(fields, context)
-            check_items(where, buffer.data_spec, items, "to_items gives")
+            check_items(where, buffer.data_spec, items, f"to_items, for {label}, gives")
         else:
-            whence = f"episode {num_episodes - 1} of the {origin} gives"
-            check_sources(where, buffer.data_spec, available_specs(fields), whence)
+            check_sources(where, buffer.data_spec, available_specs(fields), f"{label} gives")
             items = select(where, buffer.data_spec, fields)
-        spreader.add(items, len(tf.nest.flatten(items)[0]))
-    return num_episodes, spreader.num_written, spreader.num_left_out()
+        yield _num_rows(where, items, label), items
+
+
+def _num_rows(where: str, items: Nest, label: str) -> int:
+    """The number of items in `[T, ...]` leaves, which must agree."""
+    rows = {path: int(np.shape(leaf)[0]) if np.ndim(leaf) else -1 for path, leaf in _steps.leaf_paths(items)}
+    counts = set(rows.values())
+    if len(counts) != 1 or -1 in counts:
+        found = ", ".join(f"{path}: {n if n >= 0 else 'no'} rows" for path, n in rows.items())
+        raise ValueError(
+            f"{where}: the items of {label} ({found}) must have one row per item, the same number in every field."
+        )
+    return counts.pop()
 
 
 def top_fields(spec: Nest, where: str) -> list[str]:
@@ -104,7 +157,7 @@ def check_items(where: str, spec: Nest, items: Nest, whence: str) -> None:
     try:
         tf.nest.assert_same_structure(spec, items, check_types=False)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"{where}: the items {whence} must have the buffer's spec structure: {err}") from None
+        raise TypeError(f"{where}: the items {whence} must have the buffer's spec structure: {err}") from err
     given = tf.nest.map_structure(lambda s, x: _spec_of(x), spec, items)
     for name in top_fields(spec, where):
         _check_leaves(where, name, field(spec, name), field(given, name), whence)

@@ -14,6 +14,7 @@ from tfreplay.datasets._fill import LoadInfo, ToItems
 WHERE = "load_rlds"
 # A directory written by `save_rlds` records its convention in the dataset's metadata under this key.
 CONVENTION_KEY = "rlds_convention"
+_DATASET = "RLDS dataset (a tf.data.Dataset)"
 
 
 def load_rlds(
@@ -46,6 +47,15 @@ def load_rlds(
     than the longest episode per segment). NumPy buffers built with `capacity`
     (one ring) and NumPy frame buffers (`add_sequence`) leave nothing out.
 
+    A load is all or nothing: the source is read twice, first to check every
+    episode (its fields against the buffer's spec, its `is_first`, `is_last` and
+    `is_terminal` marks, what `to_items` gives), then to add them. A source that
+    fails anywhere is refused before the first add, so the buffer is unchanged;
+    memory still holds one episode at a time. The source must give the same
+    episodes on both reads (their order may differ, as a reshuffled dataset's
+    does); one that gives another episode on the second read is refused with the
+    buffer holding what was added before it, as the message says.
+
     Args:
       source: a `tf.data.Dataset` of RLDS episodes (dicts with a `steps` dataset), or the directory of a
         TFDS dataset of them (read with `tfds.builder_from_directory`).
@@ -55,45 +65,57 @@ def load_rlds(
         step a transition; a truncated episode's last step has no next observation, so a buffer that stores
         `next_observation` does not get it) or `"auto"`: the convention a `save_rlds` directory records,
         else `"envlogger"` when the first finished episode's last step has zero `action`, `reward` and
-        `discount` and `"d4rl"` when it does not.
-      to_items: `to_items(transitions, metadata)`, called per episode with the default fields (`[T, ...]`
-        NumPy arrays; frame rows for a frame buffer) and the episode's metadata, returns the episode's
-        items in the buffer's spec with a leading time axis. Use it to rename, cast or compute fields.
+        `discount` and `"d4rl"` when it does not (`"envlogger"` when no episode has finished); every
+        episode is read in that convention.
+      to_items: `to_items(transitions, metadata)`, called per episode (on both reads, so it must not
+        depend on how often it ran) with the default fields (`[T, ...]` NumPy arrays; frame rows for a
+        frame buffer) and the episode's metadata, returns the episode's items in the buffer's spec with a
+        leading time axis. Use it to rename, cast or compute fields.
       chunk_size: steps read per step of the input pipeline.
 
     Returns:
       A `LoadInfo`.
 
     Raises:
-      ValueError: `source` is not RLDS-shaped, a field the spec needs has no source, or a shape differs.
-        Checked before anything is added, so the buffer is unchanged.
-      TypeError: a dtype or structure differs from the buffer's spec.
+      ValueError: `source` is not RLDS-shaped, a field the spec needs has no source, a shape differs, an
+        episode's marks are malformed (no `is_first` at its first step, or one later; an `is_last` before
+        its last step; `is_terminal` without `is_last`), or TensorFlow cannot read an episode (its steps
+        differ in shape, a corrupt file). The message names the dataset, the episode (its index in the
+        source), and the step or the field; a TensorFlow error is chained to it. Nothing is added.
+      TypeError: a dtype or structure differs from the buffer's spec. Nothing is added.
     """
     if convention not in ("auto", *_steps.CONVENTIONS):
         raise ValueError(f"{WHERE}: convention ({convention!r}) must be 'auto', 'envlogger' or 'd4rl'.")
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"{WHERE}: chunk_size ({chunk_size!r}) must be a positive integer.")
     dataset, recorded = _open(source, split)
-    if convention == "auto" and recorded in _steps.CONVENTIONS:
-        convention = recorded
+    origin = f"RLDS dataset ({os.fspath(source)!r})" if not isinstance(source, tf.data.Dataset) else _DATASET
     step_spec, meta_spec = _rlds_specs(dataset.element_spec, source)
     frames = hasattr(buffer, "history_len")
     needs_next = _fill.needs_next(buffer, WHERE)
     if to_items is None:
         available = _default_specs(step_spec, meta_spec, needs_next, frames)
         _fill.check_sources(WHERE, buffer.data_spec, available, "the RLDS steps give")
-    read = {"convention": convention}  # the convention "auto" settles on, known after the first finished episode
+    if convention == "auto":
+        convention = recorded if recorded in _steps.CONVENTIONS else _detect(dataset, meta_spec, chunk_size, origin)
 
-    def episodes() -> Iterator[tuple[dict, dict]]:
-        for steps, metadata in _episodes(dataset, meta_spec, chunk_size):
-            if read["convention"] == "auto":
-                read["convention"] = _steps.detect(steps) or "auto"
-            as_read = "envlogger" if read["convention"] == "auto" else read["convention"]
-            transitions = _steps.to_transitions(steps, as_read, needs_next)
+    def read() -> Iterator[tuple[dict, dict]]:
+        for index, (steps, metadata) in enumerate(_episodes(dataset, meta_spec, chunk_size, origin)):
+            _steps.check_marks(WHERE, f"episode {index} of the {origin}", steps)
+            transitions = _steps.to_transitions(steps, convention, needs_next)
             yield _fill.episode_fields(transitions, metadata, frames), metadata
 
-    counts = _fill.add_episodes(WHERE, buffer, episodes(), to_items, "RLDS dataset")
-    return LoadInfo(*counts, read["convention"])
+    counts = _fill.add_episodes(WHERE, buffer, read, to_items, origin)
+    return LoadInfo(*counts, convention)
+
+
+def _detect(dataset: tf.data.Dataset, meta_spec: dict, chunk_size: int, origin: str) -> str:
+    """The convention of the first finished episode (`"envlogger"` when none has finished)."""
+    for steps, _ in _episodes(dataset, meta_spec, chunk_size, origin):
+        found = _steps.detect(steps)
+        if found is not None:
+            return found
+    return "envlogger"
 
 
 def _open(source: Any, split: str) -> tuple[tf.data.Dataset, Any]:
@@ -151,8 +173,13 @@ def _default_specs(step_spec: dict, meta_spec: dict, needs_next: bool, frames: b
     return out
 
 
-def _episodes(dataset: tf.data.Dataset, meta_spec: dict, chunk_size: int) -> Iterator[tuple[dict, dict]]:
-    """Each episode's steps (NumPy arrays, `[n, ...]`) and metadata, read in chunks of steps."""
+def _episodes(dataset: tf.data.Dataset, meta_spec: dict, chunk_size: int, origin: str) -> Iterator[tuple[dict, dict]]:
+    """Each episode's steps (NumPy arrays, `[n, ...]`) and metadata, read in chunks of steps.
+
+    Raises:
+      ValueError: TensorFlow could not read an episode, or its steps differ in shape; the message names the
+        episode and the field (found by reading the episodes again, one field at a time) and chains the error.
+    """
 
     def chunks(index: Any, episode: dict) -> tf.data.Dataset:
         metadata = {name: episode[name] for name in meta_spec}
@@ -161,11 +188,37 @@ def _episodes(dataset: tf.data.Dataset, meta_spec: dict, chunk_size: int) -> Ite
     pending: list = []
     current: Any = None
     pending_meta: dict = {}
-    for index, metadata, steps in dataset.enumerate().flat_map(chunks).prefetch(2).as_numpy_iterator():
-        if pending and index != current:
+    try:
+        for index, metadata, steps in dataset.enumerate().flat_map(chunks).prefetch(2).as_numpy_iterator():
+            if pending and index != current:
+                yield _steps.concat_all(pending), pending_meta
+                pending = []
+            current, pending_meta = index, metadata
+            pending.append(steps)
+        if pending:
             yield _steps.concat_all(pending), pending_meta
-            pending = []
-        current, pending_meta = index, metadata
-        pending.append(steps)
-    if pending:
-        yield _steps.concat_all(pending), pending_meta
+    except (tf.errors.OpError, ValueError) as err:
+        index, name = _locate(dataset)
+        episode = f"episode {index}" if index is not None else "an episode (not found again on a second read)"
+        raise ValueError(
+            f"{WHERE}: {episode} of the {origin}: {name or 'every field'} must be readable, one shape in every "
+            f"step; reading it raised {type(err).__name__}: {err}"
+        ) from err
+
+
+def _locate(dataset: tf.data.Dataset) -> tuple[int | None, str | None]:
+    """The episode and the step field that cannot be read (after an error: the episodes are read again, step by
+    step, comparing each field's shapes with the episode's first step)."""
+    index = -1
+    try:
+        for index_tensor, episode in dataset.enumerate():
+            index, first = int(index_tensor), None
+            for step in episode["steps"]:
+                shapes = {name: [x.shape for x in tf.nest.flatten(value)] for name, value in step.items()}
+                first = first or shapes
+                changed = [name for name in sorted(shapes) if shapes[name] != first[name]]
+                if changed:
+                    return index, changed[0]
+    except tf.errors.OpError:
+        return index + 1, None
+    return None, None

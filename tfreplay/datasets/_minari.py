@@ -20,6 +20,8 @@ from tfreplay.datasets._fill import LoadInfo, ToItems
 
 # An info key of one of these names is not a field of its own: the episode's arrays give these fields.
 TAKEN = ("action", "reward", *_steps.BUILT, *_steps.MARKS)
+# The arrays of a Minari episode, as its storages name them.
+FIELDS = ("observations", "actions", "rewards", "terminations", "truncations", "infos")
 
 
 def load_minari(source: Any, buffer: Any, *, to_items: ToItems | None = None) -> LoadInfo:
@@ -40,38 +42,99 @@ def load_minari(source: Any, buffer: Any, *, to_items: ToItems | None = None) ->
     Episodes are read one at a time (memory: the buffer and one episode) and
     spread over the buffer's segments whole, exactly as `load_rlds` does.
 
+    A load is all or nothing, as with `load_rlds`: the dataset is read twice,
+    first to check every episode (its arrays' lengths, its terminations and
+    truncations, its fields against the buffer's spec, what `to_items` gives),
+    then to add them. A dataset that fails anywhere is refused before the first
+    add, so the buffer is unchanged.
+
     Args:
       source: a `minari.MinariDataset`, the id of a dataset in Minari's local datasets directory
         (`MINARI_DATASETS_PATH`, by default `~/.minari/datasets`), or the path of a dataset's directory.
         Nothing is ever downloaded: fetch a remote dataset first with `minari.download_dataset`.
       buffer: any tfreplay buffer. Its spec must be a dict or named tuple.
-      to_items: `to_items(transitions, episode)`, called per episode with the default fields (`[T, ...]`
-        NumPy arrays; frame rows for a frame buffer) and the `minari.EpisodeData`, returns the episode's
-        items in the buffer's spec with a leading time axis. Use it to rename, cast or compute fields.
+      to_items: `to_items(transitions, episode)`, called per episode (on both reads) with the default
+        fields (`[T, ...]` NumPy arrays; frame rows for a frame buffer) and the `minari.EpisodeData`,
+        returns the episode's items in the buffer's spec with a leading time axis. Use it to rename, cast
+        or compute fields.
 
     Returns:
       A `LoadInfo` (its `convention` is `"envlogger"`: a Minari episode stores its final observation).
 
     Raises:
-      ValueError: `source` is no local Minari dataset, a field the spec needs has no source, or a shape
-        differs. The first episode is checked before anything is added, so the buffer is unchanged; a
-        later episode of another layout is refused before it is added.
-      TypeError: a dtype or structure differs from the buffer's spec.
+      ValueError: `source` is no local Minari dataset, a field the spec needs has no source, a shape
+        differs, an episode's arrays disagree in length (`T` actions, rewards, terminations and
+        truncations, `T + 1` observations), a termination or truncation comes before an episode's last
+        step, or Minari's storage cannot read an episode (a missing array: its error is chained). The
+        message names the dataset, the episode (its index in the dataset) and the step or the field.
+        Nothing is added.
+      TypeError: a dtype or structure differs from the buffer's spec. Nothing is added.
       ImportError: Minari is not installed (`pip install tfreplay[minari]`).
     """
     where = "load_minari"
     minari = import_minari(where)
     dataset = _open(minari, source, where)
+    origin = f"Minari dataset ({dataset.spec.dataset_id!r})"
     frames = hasattr(buffer, "history_len")
     needs_next = _fill.needs_next(buffer, where)
 
-    def episodes() -> Iterator[tuple[dict, Any]]:
-        for episode in dataset.iterate_episodes():
+    def read() -> Iterator[tuple[dict, Any]]:
+        for index, episode in enumerate(_read_episodes(dataset, where, origin)):
+            _check_episode(where, f"episode {index} of the {origin}", episode)
             transitions = _steps.to_transitions(_as_steps(episode), "envlogger", needs_next)
             yield _fill.episode_fields(transitions, {}, frames), episode
 
-    counts = _fill.add_episodes(where, buffer, episodes(), to_items, "Minari dataset")
+    counts = _fill.add_episodes(where, buffer, read, to_items, origin)
     return LoadInfo(*counts, "envlogger")
+
+
+def _read_episodes(dataset: Any, where: str, origin: str) -> Iterator[Any]:
+    """The dataset's episodes; an error of Minari's storage (h5py, pyarrow) becomes one naming the episode and
+    the field, chained to it."""
+    episodes = iter(dataset.iterate_episodes())
+    index = 0
+    while True:
+        try:
+            episode = next(episodes)
+        except StopIteration:
+            return
+        except Exception as err:  # whatever the storage library raises, named and chained
+            text = str(err)
+            name = next((f for f in FIELDS if f"'{f}'" in text or f'"{f}"' in text), "every field")
+            raise ValueError(
+                f"{where}: episode {index} of the {origin}: {name} must be readable; reading the episode raised "
+                f"{type(err).__name__}: {text}"
+            ) from err
+        yield episode
+        index += 1
+
+
+def _check_episode(where: str, label: str, episode: Any) -> None:
+    """A Minari episode of `T` rewards holds `T` of each step array, `T + 1` observations, and ends only at its
+    last step."""
+    num = len(episode.rewards)
+    counts = {"rewards": np.size(episode.rewards)}
+    counts.update({name: np.size(getattr(episode, name)) for name in ("terminations", "truncations")})
+    for name, value in (("actions", episode.actions), ("observations", episode.observations)):
+        counts.update({_joined(name, path): _rows(leaf) for path, leaf in _steps.leaf_paths(_arrays(value))})
+    for name, count in counts.items():
+        want = num + 1 if name.startswith("observations") else num
+        if count != want:
+            rule = "one more entry than rewards" if want > num else "one entry per reward"
+            raise ValueError(
+                f"{where}: {label}: {name} ({count} entries) must hold {rule} ({num}); a Minari episode of T steps "
+                "holds T actions, rewards, terminations and truncations and T + 1 observations."
+            )
+    for name in ("terminations", "truncations"):
+        _steps.check_ends(where, label, name, getattr(episode, name))
+
+
+def _joined(name: str, path: str) -> str:
+    return f"{name}/{path}" if path else name
+
+
+def _rows(leaf: Any) -> int:
+    return int(np.shape(leaf)[0]) if np.ndim(leaf) else 0
 
 
 def import_minari(where: str) -> Any:

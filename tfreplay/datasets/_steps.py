@@ -39,6 +39,41 @@ def detect(steps: dict) -> str | None:
     return "envlogger" if all(not np.any(value) for value in tree_leaves(tail)) else "d4rl"
 
 
+def check_marks(where: str, label: str, steps: dict) -> None:
+    """An episode's `is_first`, `is_last` and `is_terminal` mark where it starts and ends, and nowhere else.
+
+    An episode without `is_first` would join the one before it in a buffer, and
+    steps after an early `is_last` would join the episode it ends, so both are
+    refused rather than read otherwise. `label` names the episode in the message.
+    """
+    first, last, terminal = (np.asarray(steps[name], bool).reshape(-1) for name in MARKS)
+    wrong_first = np.flatnonzero(first != (np.arange(len(first)) == 0))
+    if len(wrong_first):
+        k = int(wrong_first[0])
+        raise ValueError(
+            f"{where}: {label}, step {k}: is_first ({bool(first[k])}) must be True at the episode's first step and "
+            "False after it (each RLDS episode starts once, at its first step)."
+        )
+    check_ends(where, label, "is_last", last)
+    wrong_terminal = np.flatnonzero(terminal & ~last)
+    if len(wrong_terminal):
+        raise ValueError(
+            f"{where}: {label}, step {int(wrong_terminal[0])}: is_terminal (True) must be False where is_last is "
+            "False (an episode terminates at its last step)."
+        )
+
+
+def check_ends(where: str, label: str, name: str, flags: Any) -> None:
+    """`flags` (an episode's `is_last`, or a Minari episode's terminations or truncations) end it only at its last
+    step: the steps after an earlier one would join the episode it ends."""
+    early = np.flatnonzero(np.asarray(flags, bool).reshape(-1)[:-1])
+    if len(early):
+        raise ValueError(
+            f"{where}: {label}, step {int(early[0])}: {name} (True) must be False before the episode's last step "
+            f"({len(flags)} steps); an episode ends once, at its last step."
+        )
+
+
 def to_transitions(steps: dict, convention: str, needs_next: bool) -> dict:
     """The transitions of one episode's steps (`[n, ...]` arrays by RLDS name) as `[T, ...]` arrays.
 
