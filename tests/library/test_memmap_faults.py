@@ -452,3 +452,20 @@ def stop_quietly(proc: subprocess.Popen) -> None:
     proc.wait()
     if proc.stdin:
         proc.stdin.close()
+
+
+def test_a_buffer_whose_making_fails_lets_the_directory_go(tmp_path):
+    failures = []  # kept, with their tracebacks, as an `except` block keeps its exception
+    for spec, kwargs in [
+        ({"id": SPEC["id"], "s": tf.TensorSpec([], tf.string)}, {}),  # refused while its files are made
+        ({"id": SPEC["id"]}, {"within_episodes": True}),  # refused after them
+    ]:
+        try:
+            PyPrioritizedReplayBuffer(spec, 8, storage_dir=tmp_path, **kwargs)
+        except (TypeError, ValueError) as err:
+            failures.append(err)
+    assert len(failures) == 2, failures
+    rb = PyUniformReplayBuffer(SPEC, 8, storage_dir=tmp_path)  # the failed ones hold nothing, not even the lock
+    rb.add_batch(make_items(np.arange(3)))
+    rb.close()
+    assert decode(PyUniformReplayBuffer(SPEC, 8, storage_dir=tmp_path).gather_all()).tolist() == [[0, 1, 2]]

@@ -53,7 +53,7 @@ from tfreplay._src.checkpoint.numpy_state import _like, _plain, _rng_state
 
 MANIFEST = disk.MANIFEST
 _KIND = "tfreplay-memmap"
-_VERSION = 2  # 2: with digests; 1 (without) still opens
+_VERSION = 1
 _INLINE = 4096  # integer state arrays up to this many entries are kept in the manifest itself
 
 
@@ -168,8 +168,7 @@ class MemmapFiles:
             state.check(parts, {**values, **self._as_flushed(records)})
         except ValueError as err:
             raise ValueError(f"{here} does not hold a buffer's consistent state: {err}") from None
-        if manifest["version"] > 1:
-            disk.check_digests(here, manifest, values)
+        disk.check_digests(here, manifest, values)
         _put_back(list(self.arrays.values()), records)
         for mapped in self._maps:
             mapped.flush()
@@ -329,10 +328,8 @@ def _checked_manifest(path: str, text: str) -> dict:
     where = f"NumpyTwin: storage_dir ({path!r})"
     manifest = parse_json(text, f"{MANIFEST} in storage_dir {path!r}")
     ok = isinstance(manifest, dict) and manifest.get("kind") == _KIND
-    if not ok or manifest.get("version") not in (1, _VERSION):
-        raise ValueError(
-            f"{where}: {MANIFEST} ({_short(manifest)}) must be a tfreplay memmap manifest, version 1 or {_VERSION}."
-        )
+    if not ok or manifest.get("version") != _VERSION:
+        raise ValueError(f"{where}: {MANIFEST} ({_short(manifest)}) must be a tfreplay memmap manifest, version 1.")
     generation = manifest.get("generation")
     files = manifest.get("files")
     if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1 or not isinstance(files, dict):
