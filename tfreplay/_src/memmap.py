@@ -248,24 +248,11 @@ class MemmapFiles:
         """Makes the directory the buffer's snapshot now (see the module docstring); the caller holds the lock.
         A flush that fails (a full disk) leaves the directory at the last flush."""
         generation = self.generation + 1
-        folder = f"state-{generation}"
-        path = self.path
+        path = os.path.join(self.path, MANIFEST)
         try:
             for mapped in self._maps:
                 mapped.flush()
-            os.makedirs(os.path.join(self.path, folder), exist_ok=True)
-            entries, digests = {}, {}
-            for i, (name, array) in enumerate(sorted(ram.items())):
-                entry: dict = {"dtype": array.dtype.name, "shape": list(array.shape)}
-                if array.dtype.kind in "iu" and array.size <= _INLINE and (array >= 0).all():
-                    entry["values"] = array.reshape(-1).tolist()
-                else:
-                    entry["file"] = f"{folder}/{i}.npy"
-                    path = os.path.join(self.path, entry["file"])
-                    _save_synced(path, array)
-                entries[name] = entry
-                digests[f"state {name}"] = disk.digest(np.ascontiguousarray(array))
-            disk.sync_dir(os.path.join(self.path, folder))
+            entries, digests = self._write_state(generation, ram)
             manifest = {
                 "kind": _KIND,
                 "version": _VERSION,
@@ -280,18 +267,39 @@ class MemmapFiles:
                 "rate_limiter": gate.counts(),
             }
             manifest["digests"] = {**{f: disk.digest(manifest[f]) for f in disk.FIELDS}, **digests}
-            path = os.path.join(self.path, MANIFEST)
-            _replace_synced(path, json.dumps(manifest))
+            _write_synced(path + ".tmp", json.dumps(manifest))
+            os.replace(path + ".tmp", path)  # the flush is made here: the undo log of this generation starts
         except OSError as err:
-            raise disk.write_failed(self.where, path, err, "the flush was not made.") from None
+            raise disk.write_failed(
+                self.where, getattr(err, "filename", None) or path, err, "the flush was not made."
+            ) from None
         self.generation = generation
         if self._undo_fd is not None:
             os.close(self._undo_fd)
             self._undo_fd = None
-        disk.tidy(self.path, generation)
         live = state.live_items(np.asarray(parts.num_adds, np.int64), parts.max_length)[1]
         self._counted[...] = live.reshape(-1)
         self._saved[...] = False
+        disk.sync_dir(self.path)
+        disk.tidy(self.path, generation)
+
+    def _write_state(self, generation: int, ram: dict) -> tuple[dict, dict]:
+        """The manifest's state entries of the RAM arrays (small integer ones inline, others as synced `.npy`
+        files in `state-<generation>/`) and their digests."""
+        folder = f"state-{generation}"
+        os.makedirs(os.path.join(self.path, folder), exist_ok=True)
+        entries, digests = {}, {}
+        for i, (name, array) in enumerate(sorted(ram.items())):
+            entry: dict = {"dtype": array.dtype.name, "shape": list(array.shape)}
+            if array.dtype.kind in "iu" and array.size <= _INLINE and (array >= 0).all():
+                entry["values"] = array.reshape(-1).tolist()
+            else:
+                entry["file"] = f"{folder}/{i}.npy"
+                _save_synced(os.path.join(self.path, entry["file"]), array)
+            entries[name] = entry
+            digests[f"state {name}"] = disk.digest(np.ascontiguousarray(array))
+        disk.sync_dir(os.path.join(self.path, folder))
+        return entries, digests
 
     def release(self) -> None:
         """Lets another buffer open the directory (after a last flush, by the caller)."""
@@ -350,14 +358,11 @@ def _save_synced(path: str, array: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
-def _replace_synced(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+def _write_synced(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    disk.sync_dir(os.path.dirname(path))
 
 
 def _short(value: Any) -> str:

@@ -44,16 +44,17 @@ def lock(path: str, where: str) -> int:
     """Makes the directory if needed and locks it (the directory itself, so no file is made first); returns the
     descriptor that holds the lock until it is closed."""
     os.makedirs(path, exist_ok=True)
+    if fcntl is None:  # pragma: no cover (no lock: a descriptor that stands for the open directory)
+        return os.open(os.devnull, os.O_RDONLY)
     fd = os.open(path, os.O_RDONLY)
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ValueError(
-                f"{where}: storage_dir ({path!r}) must not be open in another buffer; it is (in this process or "
-                "another). close() that buffer first."
-            ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ValueError(
+            f"{where}: storage_dir ({path!r}) must not be open in another buffer; it is (in this process or "
+            "another). close() that buffer first."
+        ) from None
     return fd
 
 
