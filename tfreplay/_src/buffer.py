@@ -77,45 +77,49 @@ class Buffer(ReplayBuffer):
         stateful_dataset: bool = False,
     ):
         where = type(self).__name__
-        specs.check_positive_int(where, "batch_size", batch_size)
-        specs.check_positive_int(where, "max_length", max_length)
-        specs.check_positive_int(where, "dataset_window_shift", window_shift, allow_none=True)
-        super().__init__(data_spec, batch_size * max_length, stateful_dataset, name=twin.module_name(name or where))
-        object.__setattr__(self, "_twin", twin)
-        self._num_segments, self._max_length = int(batch_size), int(max_length)
-        self._window_shift, self._drop_remainder = window_shift, bool(drop_remainder)
-        twin.begin(self._num_segments, self._max_length)
-        built = storage(self._data_spec, self._num_segments, self._max_length, twin.make, where)
-        rule = _episode_rule(where, episode_rule, self._data_spec, self._leaf_paths)
-        if sampler.within_episodes and rule is None:
-            raise ValueError(
-                f"{where}: within_episodes (True) needs items that mark episode boundaries: a scalar 'step_type' "
-                "or bool 'first', 'terminated' or 'truncated' field, or an EpisodeRule naming them."
+        try:
+            specs.check_positive_int(where, "batch_size", batch_size)
+            specs.check_positive_int(where, "max_length", max_length)
+            specs.check_positive_int(where, "dataset_window_shift", window_shift, allow_none=True)
+            super().__init__(data_spec, batch_size * max_length, stateful_dataset, name=twin.module_name(name or where))
+            object.__setattr__(self, "_twin", twin)
+            self._num_segments, self._max_length = int(batch_size), int(max_length)
+            self._window_shift, self._drop_remainder = window_shift, bool(drop_remainder)
+            twin.begin(self._num_segments, self._max_length)
+            built = storage(self._data_spec, self._num_segments, self._max_length, twin.make, where)
+            rule = _episode_rule(where, episode_rule, self._data_spec, self._leaf_paths)
+            if sampler.within_episodes and rule is None:
+                raise ValueError(
+                    f"{where}: within_episodes (True) needs items that mark episode boundaries: a scalar 'step_type' "
+                    "or bool 'first', 'terminated' or 'truncated' field, or an EpisodeRule naming them."
+                )
+            # Plain windows go through the episode index for frames (a transition needs its history) or on request.
+            window = built.window if built.window.lead > 0 or sampler.within_episodes else None
+            num_adds = twin.make("index/num_adds", [batch_size], tf.int64)
+            index = index_state(twin.make, self._num_segments, self._capacity) if rule is not None else {}
+            bound = sampler.bind(twin.make, self._capacity)
+            parts = Parts(
+                twin.ops,
+                self._num_segments,
+                self._max_length,
+                tuple(self._leaf_paths),
+                built,
+                bound,
+                rule,
+                window,
+                num_adds,
+                **index,
+                empty_note=self._empty_note,
+                zeros_when_empty=self._zeros_when_empty,
             )
-        # Plain windows go through the episode index for frames (a transition needs its history) or on request.
-        window = built.window if built.window.lead > 0 or sampler.within_episodes else None
-        num_adds = twin.make("index/num_adds", [batch_size], tf.int64)
-        index = index_state(twin.make, self._num_segments, self._capacity) if rule is not None else {}
-        bound = sampler.bind(twin.make, self._capacity)
-        parts = Parts(
-            twin.ops,
-            self._num_segments,
-            self._max_length,
-            tuple(self._leaf_paths),
-            built,
-            bound,
-            rule,
-            window,
-            num_adds,
-            **index,
-            empty_note=self._empty_note,
-            zeros_when_empty=self._zeros_when_empty,
-        )
-        object.__setattr__(self, "_parts", parts)
-        object.__setattr__(self, "_requests", _Requests())
-        insert_size = self._num_segments if twin.lockstep else 1
-        object.__setattr__(self, "_gate", Gate(rate_limiter, where, self._capacity, insert_size))
-        twin.checkpoint_state(self, self.checkpoint_layout(), self._gate, self._num_frames)
+            object.__setattr__(self, "_parts", parts)
+            object.__setattr__(self, "_requests", _Requests())
+            insert_size = self._num_segments if twin.lockstep else 1
+            object.__setattr__(self, "_gate", Gate(rate_limiter, where, self._capacity, insert_size))
+            twin.checkpoint_state(self, self.checkpoint_layout(), self._gate, self._num_frames)
+        except BaseException:
+            twin.close()  # a twin that took a storage directory lets it go
+            raise
 
     @property
     def batch_size(self) -> int:

@@ -8,8 +8,11 @@ snapshot:
 1. the mapped files are written back (`msync`);
 2. the RAM state goes to `state-<generation>/` (`.npy`, loaded without
    pickles) and, small integer arrays inline, to a new `manifest.json`
-   (written beside, synced, then renamed over the old one);
-3. the previous generation's files are removed.
+   (written beside, synced, then renamed over the old one), with a digest
+   of each of its fields and state arrays;
+3. whatever that flush made obsolete is removed (older state folders, undo
+   logs, a half-written manifest), also what a process killed during an
+   earlier flush left.
 
 A crash between flushes must not cost flushed rows, but once the ring is
 full every add overwrites the oldest row, which the last flush still counts.
@@ -19,11 +22,16 @@ reopening puts them back. The log is written, not synced: it covers a killed
 process (the kernel keeps its pages); after a power loss only the rows
 overwritten since the last flush may hold their newer items.
 
-Reopening a directory checks its manifest like a checkpoint restore
-(`checkpoint/layout.py` and `checkpoint/state.py`) before anything is put
-in place, and maps the files again without copying them. A directory is
-held by one open buffer at a time (an `fcntl` lock, where the platform has
-one).
+The directory is locked (`fcntl.flock` on the directory itself, where the
+platform has it) before anything in it is read or made, so a second buffer
+never touches a directory another holds. A new buffer's files get their
+disk blocks when they are made (`posix_fallocate`), so a full disk is an
+`OSError` then, never a SIGBUS on a later write. Reopening a directory
+checks everything it reads like a checkpoint restore
+(`checkpoint/layout.py` and `checkpoint/state.py`), the undo log's records
+and the manifest's digests included, before anything is put in place, and
+maps the files again without copying them (`memmap_disk.py` has the
+directory's rules).
 """
 
 from __future__ import annotations
@@ -31,31 +39,29 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import shutil
+import weakref
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src import memmap_disk as disk
 from tfreplay._src import ring
 from tfreplay._src.checkpoint import state
 from tfreplay._src.checkpoint.layout import check_layout, limiter_counts, parse_json
 from tfreplay._src.checkpoint.numpy_state import _like, _plain, _rng_state
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover (Windows: no lock)
-    fcntl = None  # type: ignore[assignment]
-
-MANIFEST = "manifest.json"
-_LOCK = ".lock"
+MANIFEST = disk.MANIFEST
 _KIND = "tfreplay-memmap"
 _VERSION = 1
 _INLINE = 4096  # integer state arrays up to this many entries are kept in the manifest itself
 
 
 class MemmapFiles:
-    """The directory of one NumPy buffer: its mapped storage files, manifest, state snapshots and undo log."""
+    """The directory of one NumPy buffer: its mapped storage files, manifest, state snapshots and undo log.
+
+    The directory is locked before anything in it is read or made, and held until `release`.
+    """
 
     def __init__(self, storage_dir: Any):
         if not isinstance(storage_dir, (str, os.PathLike)) or not os.fspath(storage_dir):
@@ -63,39 +69,43 @@ class MemmapFiles:
         self.path = os.path.abspath(os.fspath(storage_dir))
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise ValueError(f"NumpyTwin: storage_dir ({self.path!r}) must be a directory; it is a file.")
-        self.manifest: dict | None = None
-        manifest = os.path.join(self.path, MANIFEST)
-        if os.path.exists(manifest):
-            with open(manifest, encoding="utf-8") as f:
-                self.manifest = _checked_manifest(self.path, f.read())
-        elif os.path.isdir(self.path):
-            foreign = sorted(n for n in os.listdir(self.path) if not _own_file(n))
-            if foreign:
-                raise ValueError(
-                    f"NumpyTwin: storage_dir ({self.path!r}) must be empty or hold a tfreplay buffer "
-                    f"({MANIFEST}); it holds {foreign[:3]}. Pass a new or empty directory."
-                )
+        self.where = "NumpyTwin"
+        self._undo_fd: int | None = None
+        self._lock_fd: int | None = disk.lock(self.path, self.where)
+        # A buffer whose making fails before `attach` lets the directory go when it is collected.
+        self._unlock = weakref.finalize(self, os.close, self._lock_fd)
+        try:
+            text = disk.examine(self.path, self.where)
+            self.manifest = None if text is None else _checked_manifest(self.path, text)
+            if self.manifest is None:
+                disk.begin_new(self.path)
+        except BaseException:
+            self.release()
+            raise
         self.arrays: dict[str, np.ndarray] = {}  # storage arrays by name, in the order the storage made them
+        self._paths: dict[str, str] = {}
         self._maps: list[np.memmap] = []
         self.generation = 0 if self.manifest is None else self.manifest["generation"]
         self._mismatch: str | None = None
-        self._lock_fd: int | None = None
-        self._undo_fd: int | None = None
         self._counted = self._saved = np.zeros([0], bool)
 
     # Construction.
     def make(self, name: str, shape: list, dtype: tf.DType) -> np.ndarray:
-        """A storage array as a mapped file: the directory's own when it resumes, else a new zero-filled one.
-
-        A file that does not match is not opened: a placeholder stands in until `attach` refuses the directory.
-        """
+        """A storage array as a mapped file: the directory's own when it resumes, else a new zero-filled one
+        whose disk blocks are reserved now. A file that does not match is not opened: a placeholder stands in
+        until `attach` refuses the directory."""
         kind = np.dtype(dtype.as_numpy_dtype)
         if kind.hasobject:
             raise TypeError(f"NumpyTwin: storage_dir cannot store {name} ({dtype.name}): strings are Python objects.")
         if self.manifest is None:
-            os.makedirs(self.path, exist_ok=True)
-            file = f"storage-{len(self.arrays)}.dat"
-            array = self._map(np.memmap(os.path.join(self.path, file), kind, "w+", shape=tuple(shape)))
+            path = os.path.join(self.path, f"storage-{len(self.arrays)}.dat")
+            try:
+                disk.reserve(path, int(np.prod(shape)) * kind.itemsize, self.where)
+            except OSError:  # no room: the new buffer's files go again
+                for made in [*self._paths.values(), path]:
+                    disk.remove(made)
+                raise
+            array = self._map(name, path, kind, shape)
         else:
             entry = self.manifest["files"].get(name)
             want = {"dtype": kind.name, "shape": list(shape)}
@@ -108,23 +118,26 @@ class MemmapFiles:
         return array
 
     def _open(self, name: str, file: Any, kind: np.dtype, shape: list) -> np.ndarray:
-        path = os.path.join(self.path, file) if isinstance(file, str) and _own_file(file) else None
+        path = os.path.join(self.path, file) if isinstance(file, str) and disk.own_file(file) else None
         size = int(np.prod(shape)) * kind.itemsize
         if path is None or not os.path.isfile(path) or os.path.getsize(path) != size:
             found = os.path.getsize(path) if path and os.path.isfile(path) else None
             self._mismatch = self._mismatch or f"the file of {name} ({file!r}, {found} bytes) must hold {size} bytes"
             return _placeholder(shape, kind)
-        return self._map(np.memmap(path, kind, "r+", shape=tuple(shape)))
+        disk.reserve(path, size, self.where)  # a file written sparse (by an older tfreplay) gets its blocks
+        return self._map(name, path, kind, shape)
 
-    def _map(self, mapped: np.memmap) -> np.ndarray:
+    def _map(self, name: str, path: str, kind: np.dtype, shape: list) -> np.ndarray:
         """A plain-array view of a mapped file (samples are then plain arrays); the map is kept to flush it."""
+        mapped = np.memmap(path, kind, "r+", shape=tuple(shape))
         self._maps.append(mapped)
+        self._paths[name] = path
         return np.asarray(mapped)
 
     def attach(self, where: str, parts: Any, layout: dict, ram: dict, rng: Any, gate: Any) -> None:
-        """Takes the directory: resumes its state into `ram` (the buffer's RAM state arrays), `rng` and `gate`
-        after checking all of it, or writes the first manifest. On any refusal nothing on disk has changed."""
-        self._take_lock(where)
+        """Resumes the directory's state into `ram` (the buffer's RAM state arrays), `rng` and `gate` after
+        checking all of it, or writes the first manifest. On any refusal nothing on disk has changed."""
+        self.where = where
         try:
             if self.manifest is not None:
                 self._resume(where, parts, layout, ram, rng, gate)
@@ -150,15 +163,38 @@ class MemmapFiles:
             counts = limiter_counts(manifest, parts.capacity)
         except ValueError as err:
             raise ValueError(f"{here}: the manifest does not hold a buffer's state: {err}") from None
-        self._undo(here, parts.capacity)  # the rows as flushed, before the state is checked against them
-        try:
-            state.check(parts, {**values, **self.arrays})
+        records = self._undo_records(here, values["index/num_adds"], parts.max_length)
+        try:  # against the rows as flushed: the undo log put back in private copies of the pages it touches
+            state.check(parts, {**values, **self._as_flushed(records)})
         except ValueError as err:
             raise ValueError(f"{here} does not hold a buffer's consistent state: {err}") from None
+        disk.check_digests(here, manifest, values)
+        _put_back(list(self.arrays.values()), records)
+        for mapped in self._maps:
+            mapped.flush()
         for name, value in values.items():
             ram[name][...] = value
         rng.bit_generator.state = rng_state
         gate.restored(counts, lambda: int(np.minimum(parts.num_adds, parts.max_length).sum()))
+
+    def _undo_records(self, here: str, num_adds: np.ndarray, length: int) -> list:
+        """The checked records of this generation's undo log (rows a crash after them left newer items in)."""
+        path = os.path.join(self.path, f"undo-{self.generation}.log")
+        if not os.path.exists(path):
+            return []
+        live = state.live_items(np.asarray(num_adds, np.int64), length)[1].reshape(-1)
+        return disk.read_log(here, path, list(self.arrays.values()), live)
+
+    def _as_flushed(self, records: list) -> dict[str, np.ndarray]:
+        """The storage arrays as the last flush left them, without writing: copy-on-write maps where the undo
+        log puts rows back."""
+        if not records:
+            return dict(self.arrays)
+        private: dict[str, np.ndarray] = {
+            n: np.memmap(self._paths[n], a.dtype, "c", shape=a.shape) for n, a in self.arrays.items()
+        }
+        _put_back(list(private.values()), records)
+        return private
 
     def _load_state(self, here: str, name: str, entry: Any, like: np.ndarray) -> np.ndarray:
         want = {"dtype": like.dtype.name, "shape": list(like.shape)}
@@ -170,7 +206,7 @@ class MemmapFiles:
             except ValueError as err:
                 raise ValueError(f"{here}: the manifest does not hold a buffer's state: {err}") from None
         file = entry.get("file")
-        path = os.path.join(self.path, file) if isinstance(file, str) and _own_file(file.split("/")[0]) else None
+        path = os.path.join(self.path, file) if isinstance(file, str) and disk.own_file(file.split("/")[0]) else None
         try:
             value = np.load(path, allow_pickle=False) if path else None
         except (OSError, ValueError) as err:
@@ -194,26 +230,65 @@ class MemmapFiles:
     def _save(self, rows: np.ndarray) -> None:
         if not rows.size:
             return
-        if self._undo_fd is None:
-            path = os.path.join(self.path, f"undo-{self.generation}.log")
-            self._undo_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        row_bytes = sum(a[0].nbytes for a in self.arrays.values())
+        path = os.path.join(self.path, f"undo-{self.generation}.log")
+        arrays = list(self.arrays.values())
+        row_bytes = sum(a[0].nbytes for a in arrays)
         step = max(1, (64 << 20) // max(row_bytes, 1))  # records of at most about 64 MB: RAM stays bounded
-        for start in range(0, rows.size, step):
-            block = rows[start : start + step]
-            chunks = [np.array([block.size], np.int64).tobytes(), block.astype(np.int64).tobytes()]
-            chunks += [np.ascontiguousarray(a[block]).tobytes() for a in self.arrays.values()]
-            _write_all(self._undo_fd, b"".join(chunks))
-            self._saved[block] = True
+        try:
+            if self._undo_fd is None:
+                self._undo_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            for start in range(0, rows.size, step):
+                block = rows[start : start + step]
+                disk.append(self._undo_fd, block, arrays)
+                self._saved[block] = True
+        except OSError as err:
+            raise disk.write_failed(self.where, path, err, "nothing was written to the buffer.") from None
 
     def flush(self, parts: Any, layout: dict, ram: dict, rng: Any, gate: Any) -> None:
-        """Makes the directory the buffer's snapshot now (see the module docstring); the caller holds the lock."""
-        for mapped in self._maps:
-            mapped.flush()
+        """Makes the directory the buffer's snapshot now (see the module docstring); the caller holds the lock.
+        A flush that fails (a full disk) leaves the directory at the last flush."""
         generation = self.generation + 1
+        path = os.path.join(self.path, MANIFEST)
+        try:
+            for mapped in self._maps:
+                mapped.flush()
+            entries, digests = self._write_state(generation, ram)
+            manifest = {
+                "kind": _KIND,
+                "version": _VERSION,
+                "generation": generation,
+                "layout": layout,
+                "files": {
+                    n: {"file": os.path.basename(self._paths[n]), "dtype": a.dtype.name, "shape": list(a.shape)}
+                    for n, a in self.arrays.items()
+                },
+                "state": entries,
+                "rng": _plain(rng.bit_generator.state),
+                "rate_limiter": gate.counts(),
+            }
+            manifest["digests"] = {**{f: disk.digest(manifest[f]) for f in disk.FIELDS}, **digests}
+            _write_synced(path + ".tmp", json.dumps(manifest))
+            os.replace(path + ".tmp", path)  # the flush is made here: the undo log of this generation starts
+        except OSError as err:
+            raise disk.write_failed(
+                self.where, getattr(err, "filename", None) or path, err, "the flush was not made."
+            ) from None
+        self.generation = generation
+        if self._undo_fd is not None:
+            os.close(self._undo_fd)
+            self._undo_fd = None
+        live = state.live_items(np.asarray(parts.num_adds, np.int64), parts.max_length)[1]
+        self._counted[...] = live.reshape(-1)
+        self._saved[...] = False
+        disk.sync_dir(self.path)
+        disk.tidy(self.path, generation)
+
+    def _write_state(self, generation: int, ram: dict) -> tuple[dict, dict]:
+        """The manifest's state entries of the RAM arrays (small integer ones inline, others as synced `.npy`
+        files in `state-<generation>/`) and their digests."""
         folder = f"state-{generation}"
         os.makedirs(os.path.join(self.path, folder), exist_ok=True)
-        entries = {}
+        entries, digests = {}, {}
         for i, (name, array) in enumerate(sorted(ram.items())):
             entry: dict = {"dtype": array.dtype.name, "shape": list(array.shape)}
             if array.dtype.kind in "iu" and array.size <= _INLINE and (array >= 0).all():
@@ -222,70 +297,9 @@ class MemmapFiles:
                 entry["file"] = f"{folder}/{i}.npy"
                 _save_synced(os.path.join(self.path, entry["file"]), array)
             entries[name] = entry
-        _sync_dir(os.path.join(self.path, folder))
-        manifest = {
-            "kind": _KIND,
-            "version": _VERSION,
-            "generation": generation,
-            "layout": layout,
-            "files": {
-                n: {"file": f"storage-{i}.dat", "dtype": a.dtype.name, "shape": list(a.shape)}
-                for i, (n, a) in enumerate(self.arrays.items())
-            },
-            "state": entries,
-            "rng": _plain(rng.bit_generator.state),
-            "rate_limiter": gate.counts(),
-        }
-        _replace_synced(os.path.join(self.path, MANIFEST), json.dumps(manifest))
-        old, self.generation = self.generation, generation
-        shutil.rmtree(os.path.join(self.path, f"state-{old}"), ignore_errors=True)
-        if self._undo_fd is not None:
-            os.close(self._undo_fd)
-            self._undo_fd = None
-        _remove(os.path.join(self.path, f"undo-{old}.log"))
-        live = state.live_items(np.asarray(parts.num_adds, np.int64), parts.max_length)[1]
-        self._counted[...] = live.reshape(-1)
-        self._saved[...] = False
-
-    def _undo(self, here: str, capacity: int) -> None:
-        """Puts back the rows the undo log of this generation saved (a crash after them left newer items)."""
-        path = os.path.join(self.path, f"undo-{self.generation}.log")
-        if not os.path.exists(path):
-            return
-        with open(path, "rb") as f:
-            data = f.read()
-        row_bytes = [a[0].nbytes for a in self.arrays.values()]
-        at = 0
-        while at + 8 <= len(data):
-            count = int(np.frombuffer(data, np.int64, 1, at)[0])
-            size = 8 * count + count * sum(row_bytes)
-            if count <= 0 or at + 8 + size > len(data):
-                break  # the record being written when the process died: its rows were not overwritten yet
-            rows = np.frombuffer(data, np.int64, count, at + 8)
-            if (rows < 0).any() or (rows >= capacity).any():
-                raise ValueError(f"{here}: undo log rows ({rows[:4].tolist()}) must be in [0, {capacity}).")
-            at += 8 + 8 * count
-            for array, nbytes in zip(self.arrays.values(), row_bytes):
-                saved = np.frombuffer(data, array.dtype, count * nbytes // array.dtype.itemsize, at)
-                array[rows] = saved.reshape((count,) + array.shape[1:])
-                at += count * nbytes
-        for mapped in self._maps:
-            mapped.flush()
-
-    # The lock.
-    def _take_lock(self, where: str) -> None:
-        os.makedirs(self.path, exist_ok=True)
-        fd = os.open(os.path.join(self.path, _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise ValueError(
-                    f"{where}: storage_dir ({self.path!r}) must not be open in another buffer; it is (in this "
-                    "process or another). close() that buffer first."
-                ) from None
-        self._lock_fd = fd
+            digests[f"state {name}"] = disk.digest(np.ascontiguousarray(array))
+        disk.sync_dir(os.path.join(self.path, folder))
+        return entries, digests
 
     def release(self) -> None:
         """Lets another buffer open the directory (after a last flush, by the caller)."""
@@ -293,12 +307,19 @@ class MemmapFiles:
             os.close(self._undo_fd)
             self._undo_fd = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._unlock()  # closing the descriptor drops the lock
             self._lock_fd = None
 
     @property
     def is_open(self) -> bool:
         return self._lock_fd is not None
+
+
+def _put_back(arrays: list, records: list) -> None:
+    """Writes the undo log's saved rows into `arrays`."""
+    for rows, chunks in records:
+        for array, saved in zip(arrays, chunks):
+            array[rows] = saved
 
 
 def _rows_of_add(parts: Any, num_new: int, segments: Any) -> np.ndarray:
@@ -324,12 +345,6 @@ def _checked_manifest(path: str, text: str) -> dict:
     return manifest
 
 
-def _own_file(name: str) -> bool:
-    """Whether a directory entry is one a memmap buffer writes (so a half-made directory may be reused)."""
-    stem = name.split(".")[0]
-    return name in (MANIFEST, _LOCK, MANIFEST + ".tmp") or stem.split("-")[0] in ("storage", "state", "undo")
-
-
 def _placeholder(shape: list, kind: np.dtype) -> np.ndarray:
     """Zeros in anonymous memory the kernel fills only when touched: what stands in for a refused file."""
     size = max(int(np.prod(shape)) * kind.itemsize, 1)
@@ -343,36 +358,11 @@ def _save_synced(path: str, array: np.ndarray) -> None:
         os.fsync(f.fileno())
 
 
-def _replace_synced(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+def _write_synced(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _sync_dir(os.path.dirname(path))
-
-
-def _sync_dir(path: str) -> None:
-    if os.name == "posix":
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _short(value: Any) -> str:
