@@ -8,8 +8,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.compat.reverb import server as server_lib
+from tfreplay.compat.reverb.items import check_columns
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Table, TableInfo, check_columns, insert_step
+from tfreplay.compat.reverb.table import Table, TableInfo, insert_step
 from tfreplay.compat.reverb.trajectory_writer import TrajectoryWriter
 
 

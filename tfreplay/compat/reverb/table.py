@@ -1,20 +1,19 @@
 """The item store: one table's items, its selectors, its rate limiter and the lock they share.
 
-An item is a key, a priority, a draw count and its columns. A column is a
-run of step cells (NumPy arrays the trajectory writer made, shared by every
-item that covers them, never copied) or, squeezed, one cell: an item holds
-slices of shared steps, as Reverb's chunks, so overlapping items cost no
-memory for the steps they share, and removing an item (by the remover when
-full, by `max_times_sampled`, by `mutate_priorities(deletes=)`) frees what no
-other item holds.
+Items (`items.py`) hold slices of shared steps, as Reverb's chunks, so
+overlapping items cost no memory for the steps they share, and removing an
+item (by the remover when full, by `max_times_sampled`, by
+`mutate_priorities(deletes=)`) frees what no other item holds. The table
+counts the episodes its items cover (`num_episodes`) and those whose last
+item went (`num_deleted_episodes`).
 
 Every call takes the table's condition variable; a call the rate limiter
 does not admit waits on it (with a deadline if given) and every change wakes
 the waiters. A writer's items go through a queue instead (`_enqueue`): each
 goes in as soon as the rate limiter admits it, in order, when a sample or a
-removal makes room, and the writer's `flush` waits for its own. Item keys
-come from the operating system's generator (`secrets`), never from Python's
-global `random`, which user code may seed. `Server.stop()` closes the table:
+removal makes room, and the writer's `flush` waits for its own. A priority,
+a key and an item are checked before anything changes. `Server.stop()`
+closes the table:
 waiting calls then raise and queued items are dropped.
 """
 
@@ -22,56 +21,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
-import secrets
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import specs
-from tfreplay.compat.reverb import rate_limiters, selectors
+from tfreplay.compat.reverb import items, rate_limiters, selectors
 from tfreplay.compat.reverb.errors import DeadlineExceededError, ServerStoppedError
-
-
-class Column(NamedTuple):
-    """One column of an item: its step cells, and whether it is one step without a time axis (`squeeze`)."""
-
-    cells: tuple
-    squeeze: bool
-
-    def value(self) -> np.ndarray:
-        return self.cells[0] if self.squeeze else np.stack(self.cells)
-
-    def shape(self) -> tuple:
-        step = tuple(self.cells[0].shape)
-        return step if self.squeeze else (len(self.cells),) + step
-
-
-@dataclasses.dataclass
-class Item:
-    key: int
-    priority: float
-    columns: tuple
-    times_sampled: int = 0
-    episodes: tuple = ()  # the episode ids (writer episodes) of the steps it covers
-
-
-class Ticket:
-    """An item on its way into a table (`_enqueue`); `done` once it is in."""
-
-    __slots__ = ("item", "done")
-
-    def __init__(self, item: Item):
-        self.item, self.done = item, False
-
-
-def new_key() -> int:
-    """A fresh 64-bit item key from the operating system's generator."""
-    return secrets.randbits(64)
-
+from tfreplay.compat.reverb.items import Column, Item, Ticket, check_columns, check_key, new_key
 
 MAX_DRAWS_PER_CALL = 1024  # the most draws one `_sample_many` takes under the lock
 
@@ -243,7 +203,7 @@ class Table:
         """`priority` as a float, or ValueError: it must be finite, >= 0, and its selectors' weight finite."""
         if isinstance(priority, np.number):
             priority = priority.item()
-        _check_priority(where, priority, name)
+        items.check_priority(where, priority, name)
         for selector in (self._sampler_setting, self._remover_setting):
             rule = selector.check_priority(float(priority))
             if rule is not None:
@@ -340,10 +300,10 @@ class Table:
         key and priority is checked first: a refused call changes nothing."""
         where = f"Table {self._name!r}: mutate_priorities"
         weights = {
-            _check_key(where, key): self.check_priority(where, priority, f"priority of key {key}")
+            check_key(where, key): self.check_priority(where, priority, f"priority of key {key}")
             for key, priority in updates.items()
         }
-        doomed = [_check_key(where, key) for key in deletes]
+        doomed = [check_key(where, key) for key in deletes]
         with self._cond:
             for key, priority in weights.items():
                 item = self._items.get(key)
@@ -403,39 +363,3 @@ def insert_step(where: str, targets: Sequence[tuple[Table, Any]], values: Sequen
     key, episode = new_key(), new_key()  # one step: an episode of its own, as Reverb's insert
     for (table, _), weight in zip(targets, weights):
         table._insert(Item(key, weight, columns, episodes=(episode,)))
-
-
-def _check_key(where: str, key: Any) -> int:
-    if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and 0 <= key < 2**64:
-        return int(key)
-    raise ValueError(f"{where}: key ({key!r}) must be an integer in [0, 2**64).")
-
-
-def _check_priority(where: str, priority: Any, name: str = "priority") -> None:
-    ok = isinstance(priority, (int, float, np.number)) and not isinstance(priority, bool)
-    if not ok or not math.isfinite(priority) or priority < 0:
-        raise ValueError(f"{where}: {name} ({priority!r}) must be a finite number >= 0.")
-
-
-def check_columns(where: str, signature: Any, columns: Sequence[Column], step_shapes: bool = False) -> None:
-    """Raises `SignatureError` unless `columns` match the flattened `signature` in number, dtype and shape
-    (`step_shapes`: a column may also match by its step's shape, as Reverb's legacy writer and TF client read
-    the signature of items whose every column has a time axis)."""
-    from tfreplay.compat.reverb.errors import SignatureError
-
-    if signature is None:
-        return
-    specs = tf.nest.flatten(signature)
-    if len(specs) != len(columns):
-        raise SignatureError(f"{where}: the item has {len(columns)} columns; the table's signature has {len(specs)}.")
-    for i, (spec, column) in enumerate(zip(specs, columns)):
-        dtype = tf.as_dtype(column.cells[0].dtype)
-        if dtype != spec.dtype:
-            raise SignatureError(
-                f"{where}: column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
-            )
-        shapes = [column.shape()] + ([tuple(column.cells[0].shape)] if step_shapes else [])
-        if not any(spec.shape.is_compatible_with(s) for s in shapes):
-            raise SignatureError(
-                f"{where}: column {i} has shape {column.shape()}; the signature expects {spec.shape.as_list()}."
-            )

@@ -14,8 +14,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.compat.reverb import server as server_lib
+from tfreplay.compat.reverb.items import Column
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Column, insert_step
+from tfreplay.compat.reverb.table import insert_step
 
 _INFO_DTYPES = list(SampleInfo.tf_dtypes())
 

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tfreplay.compat.reverb import writer_structure as structure
 from tfreplay.compat.reverb.errors import DeadlineExceededError
-from tfreplay.compat.reverb.table import Column, Item, check_columns, new_key
+from tfreplay.compat.reverb.items import Column, Item, check_columns, new_key
 from tfreplay.compat.reverb.writer_structure import path_name
 
 
