@@ -32,3 +32,24 @@ class SignatureError(tf.errors.InvalidArgumentError, ValueError):
 
     def __init__(self, message: str):
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+class NotFoundError(ReverbError, tf.errors.NotFoundError, KeyError):
+    """A table the server does not have (Reverb's `NotFoundError`; also a `KeyError`, a lookup that failed)."""
+
+    def __init__(self, message: str):
+        tf.errors.NotFoundError.__init__(self, None, None, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InternalError(ReverbError, tf.errors.InternalError, TypeError):
+    """Sampled data whose dtypes are not those asked for (Reverb's `InternalError`; also a `TypeError`, what a
+    graph op reports as `InvalidArgumentError`)."""
+
+    def __init__(self, message: str):
+        tf.errors.InternalError.__init__(self, None, None, message)
+
+    def __str__(self) -> str:
+        return self.message

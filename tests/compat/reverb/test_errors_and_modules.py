@@ -1,0 +1,103 @@
+"""Reverb's error types where user code catches them, table names and addresses as tensors, and one module per
+Reverb module name after `install()`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from reverb_helpers import insert_ints
+
+from tfreplay.compat import reverb
+
+
+def fifo(name="t"):
+    return reverb.Table(name, reverb.selectors.Fifo(), reverb.selectors.Fifo(), 100, reverb.rate_limiters.MinSize(1), 1)
+
+
+def test_an_unknown_table_raises_not_found(serve):
+    server, client = serve(fifo())
+    message = r"table \('nope'\) is not on the server"
+    with pytest.raises(tf.errors.NotFoundError, match=message):
+        next(client.sample("nope"))
+    with pytest.raises(tf.errors.NotFoundError, match=message):
+        client.mutate_priorities("nope", {1: 1.0})
+    tf_client = reverb.TFClient(f"localhost:{server.port}")
+    with pytest.raises(tf.errors.NotFoundError, match=message):
+        tf_client.sample("nope", [tf.int64])
+    with pytest.raises(tf.errors.NotFoundError, match=message):
+        reverb.TrajectoryDataset(f"localhost:{server.port}", "nope", tf.int64, tf.TensorShape([]), 1)
+
+
+def test_tf_client_sample_looks_the_table_up_when_the_op_runs(serve):
+    server, client = serve(fifo())
+    tf_client = reverb.TFClient(f"localhost:{server.port}")
+    graph = tf.Graph()
+    with graph.as_default():
+        tf_client.sample("nope", [tf.int64])  # building the op does not look the table up
+
+
+def test_tf_client_sample_with_the_wrong_dtypes_raises_internal_error(serve):
+    server, client = serve(fifo())
+    insert_ints(client, "t", [np.int64(1)])
+    with pytest.raises(tf.errors.InternalError, match=r"table 't' holds dtypes \['int64'\]; data_dtypes asks"):
+        reverb.TFClient(f"localhost:{server.port}").sample("t", [tf.float32])
+
+
+def test_table_names_and_addresses_may_be_tensors(serve):
+    server, client = serve(fifo())
+    insert_ints(client, "t", [np.int64(k) for k in range(6)])
+    address = tf.constant(f"localhost:{server.port}")
+    tf_client = reverb.TFClient(address)
+    assert int(tf_client.sample(tf.constant("t"), [tf.int64]).data[0]) == 0
+
+    @tf.function
+    def draw(name):
+        return tf_client.sample(name, [tf.int64]).data[0]
+
+    assert int(draw(tf.constant("t"))) == 1
+    tf_client.update_priorities(tf.constant("t"), tf.constant([0], tf.uint64), tf.constant([3.0], tf.float64))
+
+    def dataset(name):
+        return reverb.TrajectoryDataset(address, name, tf.int64, tf.TensorShape([]), 1, max_samples=1)
+
+    assert [int(s.data) for s in dataset(tf.constant("t"))] == [2]
+    inner = tf.data.Dataset.from_tensor_slices(["t"]).interleave(dataset, cycle_length=1)  # a graph tensor
+    assert [int(s.data) for s in inner] == [3]
+
+
+def test_install_maps_every_reverb_module_name_to_the_shims_module():
+    script = textwrap.dedent(
+        """
+        import tfreplay.compat.reverb as shim
+        shim.install()
+        import reverb.server, reverb.client, reverb.tf_client
+        from reverb import trajectory_dataset, trajectory_writer, replay_sample, errors, item_selectors
+        import reverb.platform.checkpointers_lib
+        import reverb
+        assert reverb is shim and reverb.server.Server is shim.Server, reverb.server
+        assert reverb.client.Client is shim.Client and reverb.tf_client.TFClient is shim.TFClient
+        assert trajectory_dataset.TrajectoryDataset is shim.TrajectoryDataset
+        assert trajectory_writer.TrajectoryWriter is shim.TrajectoryWriter
+        assert replay_sample.ReplaySample is shim.ReplaySample and item_selectors.Fifo is shim.selectors.Fifo
+        server = reverb.server.Server([reverb.server.Table.queue("q", 2)])
+        reverb.client.Client(f"localhost:{server.port}").server_info()  # the server the shim's clients see
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_uninstall_removes_every_name_install_added():
+    installed = sys.modules.get("reverb") is reverb  # the redirect plugin's lane installs the shim
+    reverb.install()
+    reverb.uninstall()
+    left = [n for n, m in list(sys.modules.items()) if n.split(".")[0] == "reverb" and m is not None]
+    assert not [n for n in left if sys.modules[n].__name__.startswith("tfreplay")]
+    if installed:
+        reverb.install()
