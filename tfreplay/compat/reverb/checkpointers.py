@@ -182,7 +182,7 @@ def _read_item(where: str, table: Table, row: dict, cell: _Cells) -> Item:
     key = row.get("key")
     if not isinstance(key, str) or not key.isdigit() or int(key) >= 2**64:
         raise ValueError(f"{where}: key ({key!r}) must be a decimal integer in [0, 2**64).")
-    priority = table.check_priority(where, row.get("priority"))
+    priority = table._checked_priority(where, row.get("priority"))
     times_sampled: Any = row.get("times_sampled")
     episodes: Any = row.get("episodes", [])
     if not _is_count(times_sampled):

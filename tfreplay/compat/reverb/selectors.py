@@ -202,7 +202,7 @@ class Selector:
     def options(self) -> SelectorOptions:
         raise NotImplementedError
 
-    def check_priority(self, priority: float) -> str | None:
+    def _priority_rule(self, priority: float) -> str | None:
         """Why `priority` (finite, >= 0) cannot be held by this selector, or None."""
         return None
 
@@ -263,7 +263,7 @@ class Prioritized(Selector):
     def options(self) -> SelectorOptions:
         return SelectorOptions(prioritized=PrioritizedOptions(self.priority_exponent))
 
-    def check_priority(self, priority: float) -> str | None:
+    def _priority_rule(self, priority: float) -> str | None:
         if math.isfinite(mass(priority, self.priority_exponent)):
             return None
         return f"small enough that priority ** priority_exponent ({self.priority_exponent:g}) is finite"

@@ -199,20 +199,20 @@ class Table:
                 )
             self._cond.wait(1.0 if left is None else min(left, 1.0))  # wakes to see a stop without a notify
 
-    def check_priority(self, where: str, priority: Any, name: str = "priority") -> float:
+    def _checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
         """`priority` as a float, or ValueError: it must be finite, >= 0, and its selectors' weight finite."""
         if isinstance(priority, np.number):
             priority = priority.item()
         items.check_priority(where, priority, name)
         for selector in (self._sampler_setting, self._remover_setting):
-            rule = selector.check_priority(float(priority))
+            rule = selector._priority_rule(float(priority))
             if rule is not None:
                 raise ValueError(f"{where}: {name} ({priority!r}) must be {rule} (table {self._name!r}).")
         return float(priority)
 
     def _insert(self, item: Item, timeout: float | None = None) -> None:
         """Inserts `item` once the rate limiter admits it (an existing key: its priority and data are replaced)."""
-        self.check_priority(f"Table {self._name!r}: insert", item.priority)
+        self._checked_priority(f"Table {self._name!r}: insert", item.priority)
         with self._cond:
             self._wait(lambda: not self._pending and self._counts.can_insert(len(self._items), 1), timeout, "insert")
             self._put(item)
@@ -300,7 +300,7 @@ class Table:
         key and priority is checked first: a refused call changes nothing."""
         where = f"Table {self._name!r}: mutate_priorities"
         weights = {
-            check_key(where, key): self.check_priority(where, priority, f"priority of key {key}")
+            check_key(where, key): self._checked_priority(where, priority, f"priority of key {key}")
             for key, priority in updates.items()
         }
         doomed = [check_key(where, key) for key in deletes]
@@ -359,7 +359,7 @@ def insert_step(where: str, targets: Sequence[tuple[Table, Any]], values: Sequen
     weights = []
     for table, priority in targets:
         check_columns(f"{where} (table {table.name!r})", table.signature, columns, step_shapes=True)
-        weights.append(table.check_priority(f"{where} (table {table.name!r})", priority))
+        weights.append(table._checked_priority(f"{where} (table {table.name!r})", priority))
     key, episode = new_key(), new_key()  # one step: an episode of its own, as Reverb's insert
     for (table, _), weight in zip(targets, weights):
         table._insert(Item(key, weight, columns, episodes=(episode,)))

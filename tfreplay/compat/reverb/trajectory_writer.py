@@ -36,11 +36,17 @@ from tfreplay.compat.reverb.writer_structure import path_name
 class TrajectoryColumn:
     """Cells of one column picked from a history (`squeeze`: one step without a time axis)."""
 
-    def __init__(self, cells: list, *, squeeze: bool = False, path: tuple = (), episodes: Sequence = ()):
+    def __init__(self, cells: list, *, squeeze: bool = False, path: tuple = ()):
         if squeeze and len(cells) != 1:
             raise ValueError(f"TrajectoryColumn: squeeze needs exactly one cell; got {len(cells)}.")
         self._cells, self._squeeze, self._path = list(cells), squeeze, path
-        self._episodes = tuple(episodes) or (None,) * len(self._cells)
+        self._episodes: tuple = (None,) * len(self._cells)  # the writer episode of each cell, where known
+
+    @classmethod
+    def _of(cls, cells: list, episodes: Sequence, *, squeeze: bool = False, path: tuple = ()) -> TrajectoryColumn:
+        column = cls(cells, squeeze=squeeze, path=path)
+        column._episodes = tuple(episodes)
+        return column
 
     def __len__(self) -> int:
         return len(self._cells)
@@ -52,8 +58,8 @@ class TrajectoryColumn:
         if self._squeeze:
             raise TypeError("TrajectoryColumn: a squeezed column (one step, no time axis) cannot be indexed.")
         if isinstance(val, slice):
-            return TrajectoryColumn(self._cells[val], path=self._path, episodes=self._episodes[val])
-        return TrajectoryColumn([self._cells[val]], squeeze=True, path=self._path, episodes=[self._episodes[val]])
+            return TrajectoryColumn._of(self._cells[val], self._episodes[val], path=self._path)
+        return TrajectoryColumn._of([self._cells[val]], [self._episodes[val]], squeeze=True, path=self._path)
 
     @property
     def is_squeezed(self) -> bool:
@@ -133,12 +139,12 @@ class _ColumnHistory:
                 raise ValueError(f"history: a slice step ({val.step}) is not supported; use a contiguous slice.")
             indices = list(range(n)[val])
             cells = [self._cell(i) for i in indices]
-            return TrajectoryColumn(cells, path=self._path, episodes=[self._episodes[i - self._start] for i in indices])
+            return TrajectoryColumn._of(cells, [self._episodes[i - self._start] for i in indices], path=self._path)
         index = int(val) + n if int(val) < 0 else int(val)
         if not 0 <= index < n:
             raise IndexError(f"history: index ({val}) out of range for a column of {n} steps.")
-        episodes = [self._episodes[index - self._start]] if index >= self._start else []
-        return TrajectoryColumn([self._cell(index)], squeeze=True, path=self._path, episodes=episodes)
+        cell = self._cell(index)
+        return TrajectoryColumn._of([cell], [self._episodes[index - self._start]], squeeze=True, path=self._path)
 
     def _cell(self, index: int) -> Any:
         if index < self._start:
@@ -255,7 +261,7 @@ class TrajectoryWriter:
             )
         columns = [leaf._column("create_item") for leaf in leaves]
         target = self._resolve(table)
-        weight = target.check_priority(f"TrajectoryWriter.create_item (table {table!r})", priority)
+        weight = target._checked_priority(f"TrajectoryWriter.create_item (table {table!r})", priority)
         if self._validate:
             check_columns(f"TrajectoryWriter.create_item (table {table!r})", target.signature, columns)
         episodes = tuple(sorted(set().union(*(leaf._episode_ids() for leaf in leaves))))
