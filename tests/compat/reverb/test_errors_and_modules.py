@@ -24,6 +24,8 @@ def test_an_unknown_table_raises_not_found(serve):
     message = r"table \('nope'\) is not on the server"
     with pytest.raises(tf.errors.NotFoundError, match=message):
         next(client.sample("nope"))
+    with pytest.raises(RuntimeError, match=message):  # what Reverb's Client raises
+        client.reset("nope")
     with pytest.raises(tf.errors.NotFoundError, match=message):
         client.mutate_priorities("nope", {1: 1.0})
     tf_client = reverb.TFClient(f"localhost:{server.port}")
@@ -41,11 +43,15 @@ def test_tf_client_sample_looks_the_table_up_when_the_op_runs(serve):
         tf_client.sample("nope", [tf.int64])  # building the op does not look the table up
 
 
-def test_tf_client_sample_with_the_wrong_dtypes_raises_internal_error(serve):
+def test_tf_client_sample_with_the_wrong_dtypes_raises_invalid_argument(serve):
     server, client = serve(fifo())
-    insert_ints(client, "t", [np.int64(1)])
-    with pytest.raises(tf.errors.InternalError, match=r"table 't' holds dtypes \['int64'\]; data_dtypes asks"):
-        reverb.TFClient(f"localhost:{server.port}").sample("t", [tf.float32])
+    insert_ints(client, "t", [np.int64(1), np.int64(2)])
+    tf_client = reverb.TFClient(f"localhost:{server.port}")
+    message = r"table 't' holds dtypes \['int64'\]; data_dtypes asks \['float32'\]"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):  # as Reverb's op, eagerly
+        tf_client.sample("t", [tf.float32])
+    with pytest.raises(TypeError, match=message):
+        tf_client.sample("t", [tf.float32])
 
 
 def test_table_names_and_addresses_may_be_tensors(serve):

@@ -101,12 +101,12 @@ def test_mutate_priorities_checks_every_key_and_priority_before_changing_any(ser
     assert (first_priority(client), t.info.current_size) == (1.0, 2)
 
 
-def test_prioritized_with_exponent_zero_draws_zero_priority_items_alike(serve):
-    t = table(sampler=reverb.selectors.Prioritized(0.0))
+def test_prioritized_with_exponent_zero_draws_positive_priorities_alike_and_zero_ones_never(serve):
+    t = table(sampler=reverb.selectors.Prioritized(0.0))  # as dm-reverb 0.14 draws
     _, client = serve(t)
-    insert_ints(client, "t", [0, 1], [0.0, 1.0])
+    insert_ints(client, "t", [0, 1, 2], [0.0, 1.0, 5.0])
     draws = list(client.sample("t", 200, emit_timesteps=False))
-    assert {int(s.data[0]) for s in draws} == {0, 1}
+    assert {int(s.data[0]) for s in draws} == {1, 2}
     assert {s.info.probability for s in draws} == {0.5}
 
 

@@ -63,7 +63,7 @@ def test_partial_steps_fill_one_step_as_acme_adders_write_them(serve):
     _, client = serve(fifo())
     with client.trajectory_writer(3) as w:
         w.append({"observation": np.float32(0)}, partial_step=True)  # add_first
-        assert w.episode_steps == 1
+        assert w.episode_steps == 0 and len(w.history["observation"]) == 1  # an open step is not counted yet
         for t in range(1, 4):  # add(action, next_timestep): close the step, open the next
             w.append({"action": np.int64(t), "reward": np.float32(t / 10)})
             w.append({"observation": np.float32(t)}, partial_step=True)
@@ -72,7 +72,7 @@ def test_partial_steps_fill_one_step_as_acme_adders_write_them(serve):
                 w.create_item("t", 1.0, {k: h[k][-3:-1] for k in ("observation", "action", "reward")})
         with pytest.raises(ValueError, match=r"field observation already has a value in this partial step"):
             w.append({"observation": np.float32(9)}, partial_step=True)
-        assert w.episode_steps == 4
+        assert w.episode_steps == 3
     first = sample_data(client)
     np.testing.assert_array_equal(first[0], [1, 2])  # action
     np.testing.assert_array_equal(first[1], [0, 1])  # observation
@@ -100,7 +100,7 @@ def test_end_episode_keeps_the_history_unless_it_clears_the_buffers(serve):
         w.append(np.int64(2))
         w.end_episode(clear_buffers=False)
         w.append(np.int64(3))
-        assert w.episode_steps == 3
+        assert w.episode_steps == 1 and len(w.history) == 3  # steps of this episode; the history goes on
         w.create_item("t", 1.0, w.history[-3:])  # an item across the two episodes
         w.end_episode()
         assert w.episode_steps == 0

@@ -34,8 +34,9 @@ class SignatureError(tf.errors.InvalidArgumentError, ValueError):
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)
 
 
-class NotFoundError(ReverbError, tf.errors.NotFoundError, KeyError):
-    """A table the server does not have (Reverb's `NotFoundError`; also a `KeyError`, a lookup that failed)."""
+class NotFoundError(ReverbError, tf.errors.NotFoundError, KeyError, RuntimeError):
+    """A table the server does not have: Reverb's TF ops raise `NotFoundError` and its `Client` a `RuntimeError`;
+    also a `KeyError`, a lookup that failed."""
 
     def __init__(self, message: str):
         tf.errors.NotFoundError.__init__(self, None, None, message)
@@ -44,12 +45,12 @@ class NotFoundError(ReverbError, tf.errors.NotFoundError, KeyError):
         return self.message
 
 
-class InternalError(ReverbError, tf.errors.InternalError, TypeError):
-    """Sampled data whose dtypes are not those asked for (Reverb's `InternalError`; also a `TypeError`, what a
-    graph op reports as `InvalidArgumentError`)."""
+class DtypeMismatchError(ReverbError, tf.errors.InvalidArgumentError, TypeError):
+    """Sampled data whose dtypes are not those asked for: an `InvalidArgumentError`, as Reverb's sample op raises
+    eagerly, and a `TypeError`."""
 
     def __init__(self, message: str):
-        tf.errors.InternalError.__init__(self, None, None, message)
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
 
     def __str__(self) -> str:
         return self.message

@@ -178,10 +178,10 @@ class _Prioritized:
 
 
 def mass(priority: float, exponent: float) -> float:
-    """`priority ** exponent`, with `0 ** 0 == 1` (exponent 0 draws every item alike, zero priorities included);
-    `inf` where the power overflows."""
-    if exponent == 0:
-        return 1.0
+    """`priority ** exponent`, `inf` where the power overflows; a priority of 0 weighs 0 whatever the exponent
+    (as Reverb: with exponent 0, the positive priorities are drawn alike and zero ones not at all)."""
+    if priority <= 0:
+        return 0.0
     try:
         return float(priority) ** exponent
     except OverflowError:

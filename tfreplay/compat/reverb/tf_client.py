@@ -6,9 +6,10 @@ that finds its server and table when it runs. The server address and table
 names may be strings or string tensors. A sampled item of one step comes
 without its time axis, as Reverb's TF client emits it. Eagerly, an unknown
 table raises `NotFoundError` and data of other dtypes than asked
-`InternalError`, as Reverb's ops do; inside a graph, TensorFlow reports an
-error of a Python op as `UnknownError` (the unknown table) or
-`InvalidArgumentError` (the dtypes), with the same message.
+`InvalidArgumentError`, as Reverb's ops do; inside a graph, TensorFlow
+reports an error of a Python op as `UnknownError` (the unknown table) or
+`InvalidArgumentError` (the dtypes), with the same message, where Reverb's
+ops raise `NotFoundError` and `InternalError`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.compat.reverb import server as server_lib
-from tfreplay.compat.reverb.errors import InternalError
+from tfreplay.compat.reverb.errors import DtypeMismatchError
 from tfreplay.compat.reverb.items import Column
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
 from tfreplay.compat.reverb.table import insert_step
@@ -53,7 +54,7 @@ class TFClient:
             data = [c.value() for c in columns]
             if len(data) != len(dtypes) or any(tf.as_dtype(x.dtype) != d for x, d in zip(data, dtypes)):
                 got = [tf.as_dtype(x.dtype).name for x in data]
-                raise InternalError(
+                raise DtypeMismatchError(
                     f"TFClient.sample: table {server_lib.text('', '', name)!r} holds dtypes {got}; data_dtypes asks "
                     f"{[d.name for d in dtypes]}."
                 )

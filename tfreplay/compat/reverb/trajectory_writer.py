@@ -182,6 +182,7 @@ class TrajectoryWriter:
         self._index: dict[tuple, int] = {}  # field path -> column number
         self._columns: list[_ColumnHistory] = []
         self._open, self._closed = False, False
+        self._steps = 0  # steps closed since the episode began
         self._episode = new_key()
         self._in_flight: list = []  # (table, ticket) of items not yet confirmed in
 
@@ -203,8 +204,8 @@ class TrajectoryWriter:
 
     @property
     def episode_steps(self) -> int:
-        """The steps in the history (an open partial step included)."""
-        return len(self._columns[0]) if self._columns else 0
+        """The steps appended since the episode began (an open partial step not yet counted), as Reverb's."""
+        return self._steps
 
     @property
     def max_sequence_length(self) -> int:
@@ -223,7 +224,7 @@ class TrajectoryWriter:
         for column, cell in zip(self._columns, cells):  # the new columns take any first value
             if cell is not None:
                 self._check_cell(column, cell)
-        steps = self.episode_steps
+        steps = len(self._columns[0]) if self._columns else 0  # the history's steps, an open one included
         self._structure, self._index = grown, index
         self._columns += [_ColumnHistory(path, self._keep, padding=steps) for path in added]
         for column, cell in zip(self._columns, cells):
@@ -232,6 +233,7 @@ class TrajectoryWriter:
             elif cell is not None:
                 column._set_last(cell, self._episode)
         self._open = partial_step
+        self._steps += not partial_step
 
     def _grown(self, data: Any) -> tuple[Any, list]:
         """The structure grown by `data`'s fields, and the paths of the fields that are new."""
@@ -300,7 +302,7 @@ class TrajectoryWriter:
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Any = None) -> None:
         """Starts a new episode (with `clear_buffers`, an empty history; items made keep their cells), then
         flushes (`DeadlineExceededError` after `timeout_ms`, the episode ended all the same)."""
-        self._episode = new_key()
+        self._episode, self._steps = new_key(), 0
         if clear_buffers:
             self._open = False
             for column in self._columns:
