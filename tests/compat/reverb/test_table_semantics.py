@@ -178,3 +178,15 @@ def test_a_bad_checkpoint_is_refused_and_leaves_the_live_tables_as_they_were(ser
         reverb.checkpointers.load(folder, {"a": a, "t": t})
     assert (a.info.current_size, t.info.current_size) == (1, 1)
     assert int(next(client.sample("a", 1, emit_timesteps=False)).data[0]) == 7
+
+
+def test_a_checkpoint_keeps_the_episode_counts(serve, tmp_path):
+    checkpointer = reverb.checkpointers.DefaultCheckpointer(str(tmp_path))
+    server, client = serve(table(max_size=2), checkpointer=checkpointer)
+    for value in range(3):  # three episodes of one item; the first is removed
+        client.insert(np.int64(value), {"t": 1.0})
+    client.checkpoint()
+    server.stop()
+    _, restored = serve(table(max_size=2), checkpointer=checkpointer)
+    info = restored.server_info()["t"]
+    assert (info.current_size, info.num_episodes, info.num_deleted_episodes) == (2, 2, 1)

@@ -54,8 +54,9 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
     """Samples of `table` on the server at `server_address`, with data of `dtypes` and `shapes` (nests).
 
     Args:
-      server_address: `"localhost:<port>"` of a `Server` in this process.
-      table: the table's name.
+      server_address: `"localhost:<port>"` of a `Server` in this process (a string or a string tensor).
+      table: the table's name (a string or a string tensor: a graph tensor, inside `interleave` say, is looked up
+        when the dataset is iterated; a string now, NotFoundError if the server has no such table).
       dtypes, shapes: the data's nest of dtypes and of shapes (a time axis first for sequence columns).
       max_in_flight_samples_per_worker: a positive integer (validated; items are drawn as the iterator asks).
       num_workers_per_iterator, max_samples_per_stream: a positive integer or -1 (validated, not used).

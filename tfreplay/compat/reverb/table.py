@@ -231,7 +231,8 @@ class Table:
     def _await(self, ticket: Ticket, timeout: float | None, what: str) -> None:
         """Waits until `ticket`'s item is in (DeadlineExceededError after `timeout` seconds; it stays queued)."""
         with self._cond:
-            self._wait(lambda: ticket.done, timeout, what)
+            if not ticket.done:  # an item in before a stop counts as in
+                self._wait(lambda: ticket.done, timeout, what)
 
     def _put(self, item: Item) -> None:
         """Puts `item` in (lock held); past `max_size`, the remover then removes one item, which may be the new one
