@@ -172,3 +172,26 @@ def test_the_legacy_writer_makes_multi_step_items_for_a_one_step_signature(serve
         w.create_item("t", 3, 1.0)
     steps = next(client.sample("t", 1))
     assert [s.data[0].tolist() for s in steps] == [[0, 0], [1, 1], [2, 2]]
+
+
+def test_queued_items_go_in_once_each_in_order_as_a_sampler_thread_makes_room(serve):
+    limiter = reverb.rate_limiters.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=3.0)
+    table = reverb.Table("t", reverb.selectors.Fifo(), reverb.selectors.Fifo(), 1000, limiter, max_times_sampled=1)
+    _, client = serve(table)
+    n, got = 200, []
+    sampler = threading.Thread(
+        target=lambda: got.extend(int(s.data[0]) for s in client.sample("t", n, emit_timesteps=False))
+    )
+    sampler.start()
+    w = client.trajectory_writer(1)
+
+    def write():
+        for i in range(n):
+            w.append(np.int64(i))
+            w.create_item("t", 1.0, w.history[-1])
+        w.flush(timeout_ms=10_000)
+
+    run_bounded(write, 20)
+    sampler.join(20)
+    assert got == list(range(n))  # every item once, in the order created
+    assert table.info.rate_limiter_info.inserts == n
