@@ -3,8 +3,9 @@
 `import tfreplay.compat.reverb as reverb` gives `Server`, `Table`, `Client`,
 `TFClient`, `TrajectoryWriter`, `TrajectoryDataset`, `selectors`,
 `rate_limiters` and `checkpointers` under Reverb's names. Libraries that
-`import reverb` themselves (TF-Agents) get this module after `install()`.
-A server lives in its process: clients reach it as `localhost:<port>` from
+`import reverb` themselves (TF-Agents) get this module after `install()`,
+and each Reverb module name (`reverb.server`, `reverb.trajectory_dataset`,
+...) the shim's module of that part. A server lives in its process: clients reach it as `localhost:<port>` from
 the same process only.
 """
 
@@ -48,40 +49,51 @@ __all__ = [
     "uninstall",
 ]
 
-_NAMES = (
-    "reverb",
-    "reverb.selectors",
-    "reverb.item_selectors",
-    "reverb.rate_limiters",
-    "reverb.errors",
-    "reverb.checkpointers",
-    "reverb.platform.checkpointers_lib",
-)
+_PLATFORM = types.ModuleType("reverb.platform", "Reverb's platform package: its checkpointers.")
+_PLATFORM.checkpointers_lib = checkpointers  # type: ignore[attr-defined]
 
 
-def install() -> types.ModuleType:
-    """Makes `import reverb` (and `reverb.selectors`, ...) give this module in this process; returns it.
+def _modules() -> dict[str, types.ModuleType]:
+    """Each Reverb module name and the shim's module under it: one module per name, so that `import reverb.server`
+    gives the server module the shim's clients use, never a second copy."""
+    from tfreplay.compat.reverb import client, dataset, replay_sample, server, table, tf_client, trajectory_writer
 
-    A `reverb` imported before (the real one) is replaced in `sys.modules`; modules that hold it keep it.
-    """
-    this = sys.modules[__name__]
-    parts = {
-        "reverb": this,
+    return {
+        "reverb": sys.modules[__name__],
+        "reverb.client": client,
+        "reverb.server": server,
+        "reverb.tf_client": tf_client,
+        "reverb.trajectory_writer": trajectory_writer,
+        "reverb.trajectory_dataset": dataset,
+        "reverb.replay_sample": replay_sample,
+        "reverb.reverb_types": table,
         "reverb.selectors": selectors,
         "reverb.item_selectors": selectors,
         "reverb.rate_limiters": rate_limiters,
         "reverb.errors": errors,
         "reverb.checkpointers": checkpointers,
+        "reverb.platform": _PLATFORM,
         "reverb.platform.checkpointers_lib": checkpointers,
     }
+
+
+def install() -> types.ModuleType:
+    """Makes `import reverb` (and `reverb.server`, `reverb.trajectory_dataset`, ...) give this package's modules
+    in this process; returns this module.
+
+    A `reverb` imported before (the real one) is replaced in `sys.modules`; modules that hold it keep it.
+    """
+    parts = _modules()
     sys.modules.update(parts)
+    this = parts["reverb"]
+    for name, module in parts.items():
+        if name.count(".") == 1 and not hasattr(this, name.split(".")[1]):
+            setattr(this, name.split(".")[1], module)  # `reverb.trajectory_dataset` after `import reverb`
     return this
 
 
 def uninstall() -> None:
     """Undoes `install()`: `import reverb` finds the installed package again (if any)."""
-    this = sys.modules[__name__]
-    shim = {this, selectors, rate_limiters, errors, checkpointers}
-    for name in _NAMES:
-        if sys.modules.get(name) in shim:
+    for name, module in _modules().items():
+        if sys.modules.get(name) is module:
             del sys.modules[name]

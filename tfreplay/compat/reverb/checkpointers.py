@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from tfreplay.compat.reverb.table import Column, Item, Table
+from tfreplay.compat.reverb.items import Column, Item
+from tfreplay.compat.reverb.table import Table
 
 FORMAT = "tfreplay.compat.reverb checkpoint 1"
 
@@ -103,6 +104,7 @@ def _table_record(table: Table, cells: dict[int, int], arrays: dict[str, np.ndar
             "key": str(it.key),
             "priority": it.priority,
             "times_sampled": it.times_sampled,
+            "episodes": list(it.episodes),
             "columns": [[[number(c) for c in col.cells], col.squeeze] for col in it.columns],
         }
         for it in items
@@ -111,16 +113,16 @@ def _table_record(table: Table, cells: dict[int, int], arrays: dict[str, np.ndar
 
 
 def load(folder: str | os.PathLike, tables: dict[str, Table]) -> None:
-    """Puts the checkpoint in `folder` into `tables` (by name); raises ValueError before changing any table
-    if the format or a table's settings differ."""
+    """Puts the checkpoint in `folder` into `tables` (by name), whole or not at all: the format, each table's
+    settings, and every item, count and cell number are checked (ValueError) before any table changes."""
     folder = pathlib.Path(folder)
     record = json.loads((folder / "tables.json").read_text())
-    if record.get("format") != FORMAT:
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(
-            f"checkpoint {folder}: format ({record.get('format')!r}) must be {FORMAT!r}; Reverb's own "
-            "checkpoints cannot be read by tfreplay.compat.reverb."
+            f"checkpoint {folder}: format ({record.get('format') if isinstance(record, dict) else record!r}) must "
+            f"be {FORMAT!r}; Reverb's own checkpoints cannot be read by tfreplay.compat.reverb."
         )
-    matched = [(tables[t["name"]], t) for t in record["tables"] if t["name"] in tables]
+    matched = [(tables[t["name"]], t) for t in record["tables"] if t.get("name") in tables]
     for table, saved in matched:
         if saved["settings"] != _settings(table):
             raise ValueError(
@@ -128,28 +130,68 @@ def load(folder: str | os.PathLike, tables: dict[str, Table]) -> None:
                 f"the server's table has {_settings(table)}."
             )
     with np.load(folder / "cells.npz", allow_pickle=False) as npz:
-        arrays: dict[int, Any] = {}
-
-        def cell(n: int) -> np.ndarray:
-            if n not in arrays:
-                arrays[n] = npz[f"c{n}"]
-            return arrays[n]
-
+        reader = _Cells(f"checkpoint {folder}", npz)
         restored = [
-            (
-                table,
-                [
-                    Item(
-                        int(r["key"]),
-                        r["priority"],
-                        tuple(Column(tuple(cell(n) for n in ns), sq) for ns, sq in r["columns"]),
-                        r["times_sampled"],
-                    )
-                    for r in saved["items"]
-                ],
-                saved["counts"],
-            )
+            (table, *_read_table(f"checkpoint {folder}: table {table.name!r}", table, saved, reader))
             for table, saved in matched
         ]
     for table, items, counts in restored:
         table._restore(items, counts)
+
+
+class _Cells:
+    """The checkpoint's cells by number, each read once (items that share a step share its array)."""
+
+    def __init__(self, where: str, npz: Any):
+        self.where, self.npz, self.count = where, npz, len(npz.files)
+        self.arrays: dict[int, np.ndarray] = {}
+
+    def __call__(self, n: Any) -> np.ndarray:
+        if not _is_count(n) or f"c{n}" not in self.npz.files:
+            raise ValueError(f"{self.where}: cell ({n!r}) must be one of the checkpoint's {self.count} cells.")
+        if n not in self.arrays:
+            self.arrays[n] = self.npz[f"c{n}"]
+        return self.arrays[n]
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _read_table(where: str, table: Table, saved: dict, cell: _Cells) -> tuple[list[Item], dict]:
+    """A table's checked items and counts."""
+    counts = saved.get("counts")
+    required = ("inserts", "samples", "deletes")
+    if (
+        not isinstance(counts, dict)
+        or any(k not in counts for k in required)
+        or not all(map(_is_count, counts.values()))
+    ):
+        raise ValueError(f"{where}: counts ({counts!r}) must be integers >= 0 for {', '.join(required)}.")
+    items, keys = [], set()
+    for i, row in enumerate(saved["items"]):
+        item = _read_item(f"{where}, item {i}", table, row, cell)
+        if item.key in keys:
+            raise ValueError(f"{where}, item {i}: key ({item.key}) must be unique in the table.")
+        keys.add(item.key)
+        items.append(item)
+    return items, counts
+
+
+def _read_item(where: str, table: Table, row: dict, cell: _Cells) -> Item:
+    key = row.get("key")
+    if not isinstance(key, str) or not key.isdigit() or int(key) >= 2**64:
+        raise ValueError(f"{where}: key ({key!r}) must be a decimal integer in [0, 2**64).")
+    priority = table._checked_priority(where, row.get("priority"))
+    times_sampled: Any = row.get("times_sampled")
+    episodes: Any = row.get("episodes", [])
+    if not _is_count(times_sampled):
+        raise ValueError(f"{where}: times_sampled ({times_sampled!r}) must be an integer >= 0.")
+    if not isinstance(episodes, list) or not all(map(_is_count, episodes)):
+        raise ValueError(f"{where}: episodes ({episodes!r}) must be a list of integers >= 0.")
+    columns = []
+    for numbers, squeeze in row.get("columns", []):
+        if not isinstance(numbers, list) or not numbers or (squeeze and len(numbers) != 1):
+            raise ValueError(f"{where}: a column ({numbers!r}) must list its cells (one when squeezed).")
+        columns.append(Column(tuple(cell(n) for n in numbers), bool(squeeze)))
+    return Item(int(key), priority, tuple(columns), int(times_sampled), tuple(episodes))

@@ -8,8 +8,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.compat.reverb import server as server_lib
+from tfreplay.compat.reverb.items import check_columns
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Table, TableInfo, check_columns, insert_step
+from tfreplay.compat.reverb.table import Table, TableInfo, insert_step
 from tfreplay.compat.reverb.trajectory_writer import TrajectoryWriter
 
 
@@ -17,8 +18,9 @@ class Writer:
     """Reverb's first writer, over a `TrajectoryWriter`: `create_item(table, num_timesteps, priority)` makes an
     item of the last `num_timesteps` appended steps, every column with a time axis."""
 
-    def __init__(self, client: Client, max_sequence_length: int):
+    def __init__(self, client: Client, max_sequence_length: int, max_in_flight_items: int | None = None):
         self._writer = client.trajectory_writer(max_sequence_length, validate_items=False)
+        self._writer._max_in_flight = max_in_flight_items
         self._client, self._max = client, max_sequence_length
 
     def __enter__(self) -> Writer:
@@ -64,6 +66,13 @@ class Writer:
         self._writer.close()
 
 
+def _check_int(where: str, name: str, value: Any, low: int, high: int | None = None) -> None:
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not ok or value < low or (high is not None and value > high):
+        bound = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise ValueError(f"{where}: {name} ({value!r}) must be {bound}.")
+
+
 class Client:
     """A client of the `Server` at `server_address` (`"localhost:<port>"`) in this process."""
 
@@ -98,11 +107,20 @@ class Client:
         chunk_length: Any = None,
         max_in_flight_items: Any = None,
     ) -> Writer:
-        """The legacy writer (`Writer`); chunking and delta encoding have no meaning in process."""
-        return Writer(self, max_sequence_length)
+        """The legacy writer (`Writer`): `create_item` waits while `max_in_flight_items` (None: no limit) of its
+        items wait for their table's rate limiter. Chunking and delta encoding have no meaning in process, but
+        `chunk_length` is checked as Reverb does (in [1, max_sequence_length]; None: min(10, max_sequence_length))."""
+        _check_int("Client.writer", "max_sequence_length", max_sequence_length, 1)
+        if chunk_length is not None:
+            _check_int("Client.writer", "chunk_length", chunk_length, 1, max_sequence_length)
+        if max_in_flight_items is not None:
+            _check_int("Client.writer", "max_in_flight_items", max_in_flight_items, 1)
+        return Writer(self, max_sequence_length, max_in_flight_items)
 
-    def trajectory_writer(self, num_keep_alive_refs: int, *, validate_items: bool = True) -> TrajectoryWriter:
-        """A `TrajectoryWriter` into this server's tables."""
+    def trajectory_writer(
+        self, num_keep_alive_refs: int, *, get_signature_timeout_ms: Any = None, validate_items: bool = True
+    ) -> TrajectoryWriter:
+        """A `TrajectoryWriter` into this server's tables (signatures are read in process: no timeout applies)."""
         return TrajectoryWriter(lambda name: self._table("create_item", name), num_keep_alive_refs, validate_items)
 
     def structured_writer(self, configs: Sequence[Any]) -> Any:

@@ -50,22 +50,13 @@ def _check_count(name: str, value: Any, allow_auto: bool = True) -> int:
     return int(value)
 
 
-def _text(name: str, value: Any) -> str:
-    if isinstance(value, tf.Tensor) and tf.executing_eagerly():
-        value = value.numpy()
-    if isinstance(value, bytes):
-        value = value.decode()
-    if not isinstance(value, str):
-        raise TypeError(f"TrajectoryDataset: {name} ({value!r}) must be a string (a graph tensor is not supported).")
-    return value
-
-
 class TrajectoryDataset(dataset_ops.DatasetSource):
     """Samples of `table` on the server at `server_address`, with data of `dtypes` and `shapes` (nests).
 
     Args:
-      server_address: `"localhost:<port>"` of a `Server` in this process.
-      table: the table's name.
+      server_address: `"localhost:<port>"` of a `Server` in this process (a string or a string tensor).
+      table: the table's name (a string or a string tensor: a graph tensor, inside `interleave` say, is looked up
+        when the dataset is iterated; a string now, NotFoundError if the server has no such table).
       dtypes, shapes: the data's nest of dtypes and of shapes (a time axis first for sequence columns).
       max_in_flight_samples_per_worker: a positive integer (validated; items are drawn as the iterator asks).
       num_workers_per_iterator, max_samples_per_stream: a positive integer or -1 (validated, not used).
@@ -98,8 +89,10 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
             raise ValueError(
                 f"TrajectoryDataset: rate_limiter_timeout_ms ({rate_limiter_timeout_ms!r}) must be an integer >= -1."
             )
-        address, name = _text("server_address", server_address), _text("table", table)
-        server_lib.find_table("TrajectoryDataset", address, name)  # a wrong address or table fails here
+        address = server_lib.text("TrajectoryDataset", "server_address", server_address)
+        name = server_lib.text("TrajectoryDataset", "table", table)
+        if isinstance(address, str) and isinstance(name, str):  # graph tensors: found when iterated
+            server_lib.find_table("TrajectoryDataset", address, name)  # a wrong address or table fails here
         specs = tf.nest.map_structure(
             lambda d, s: tf.TensorSpec(tf.TensorShape(s), tf.as_dtype(d)), _tuples(dtypes), _tuples(shapes)
         )
@@ -107,9 +100,9 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
         timeout = None if rate_limiter_timeout_ms < 0 else rate_limiter_timeout_ms / 1000.0
         fixed = all(s.shape.is_fully_defined() for s in tf.nest.flatten(specs))
         per_call = int(max_in_flight_samples_per_worker) if fixed else 1  # items of varying shape: one at a time
-        draw = _Draws(address, name, specs, timeout, max_samples, per_call)
+        draw = _Draws(specs, timeout, max_samples, per_call)
         batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), ReplaySample(info, specs))
-        self._inner = tf.data.Dataset.from_generator(draw, output_signature=batched).unbatch()
+        self._inner = tf.data.Dataset.from_generator(draw, output_signature=batched, args=(address, name)).unbatch()
         self._element_spec = self._inner.element_spec
         super().__init__(self._inner._variant_tensor)
 
@@ -154,15 +147,16 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
 class _Draws:
     """The generator function: each call (one per iterator) draws batches from the table until an end."""
 
-    def __init__(self, address: str, table: str, specs: Any, timeout: float | None, max_samples: int, per_call: int):
-        self.address, self.table, self.specs = address, table, specs
-        self.timeout, self.max_samples, self.per_call = timeout, max_samples, per_call
+    def __init__(self, specs: Any, timeout: float | None, max_samples: int, per_call: int):
+        self.specs, self.timeout, self.max_samples, self.per_call = specs, timeout, max_samples, per_call
 
-    def __call__(self) -> Iterator[ReplaySample]:
+    def __call__(self, address: bytes, name: bytes) -> Iterator[ReplaySample]:
         try:
-            table = server_lib.find_table("TrajectoryDataset", self.address, self.table)
-        except (ValueError, KeyError):
+            server_lib.find_server("TrajectoryDataset", address)
+        except ValueError:
             return  # the server was stopped (and freed) before this iterator began
+        table = server_lib.find_table("TrajectoryDataset", address, name)
+        self.table = table.name
         flat_specs = tf.nest.flatten(self.specs)
         empty = self._batch([], flat_specs)
         count, deadline = 0, None if self.timeout is None else time.monotonic() + self.timeout

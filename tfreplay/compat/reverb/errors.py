@@ -32,3 +32,25 @@ class SignatureError(tf.errors.InvalidArgumentError, ValueError):
 
     def __init__(self, message: str):
         tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+class NotFoundError(ReverbError, tf.errors.NotFoundError, KeyError, RuntimeError):
+    """A table the server does not have: Reverb's TF ops raise `NotFoundError` and its `Client` a `RuntimeError`;
+    also a `KeyError`, a lookup that failed."""
+
+    def __init__(self, message: str):
+        tf.errors.NotFoundError.__init__(self, None, None, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class DtypeMismatchError(ReverbError, tf.errors.InvalidArgumentError, TypeError):
+    """Sampled data whose dtypes are not those asked for: an `InvalidArgumentError`, as Reverb's sample op raises
+    eagerly, and a `TypeError`."""
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+    def __str__(self) -> str:
+        return self.message

@@ -131,7 +131,7 @@ class _Prioritized:
         self.tree = _tree(16)
 
     def _mass(self, priority: float) -> float:
-        return float(priority) ** self.exponent if priority > 0 or self.exponent > 0 else 0.0
+        return mass(priority, self.exponent)
 
     def insert(self, key: int, priority: float) -> None:
         if not self.free:
@@ -177,6 +177,17 @@ class _Prioritized:
         self.free.extend(range(size - 1, old - 1, -1))
 
 
+def mass(priority: float, exponent: float) -> float:
+    """`priority ** exponent`, `inf` where the power overflows; a priority of 0 weighs 0 whatever the exponent
+    (as Reverb: with exponent 0, the positive priorities are drawn alike and zero ones not at all)."""
+    if priority <= 0:
+        return 0.0
+    try:
+        return float(priority) ** exponent
+    except OverflowError:
+        return math.inf
+
+
 def _tree(num_rows: int) -> SumTree:
     return SumTree(lambda name, shape, dtype: np.zeros(shape, np.float64), num_rows)
 
@@ -190,6 +201,10 @@ class Selector:
     @property
     def options(self) -> SelectorOptions:
         raise NotImplementedError
+
+    def _priority_rule(self, priority: float) -> str | None:
+        """Why `priority` (finite, >= 0) cannot be held by this selector, or None."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -247,6 +262,11 @@ class Prioritized(Selector):
     @property
     def options(self) -> SelectorOptions:
         return SelectorOptions(prioritized=PrioritizedOptions(self.priority_exponent))
+
+    def _priority_rule(self, priority: float) -> str | None:
+        if math.isfinite(mass(priority, self.priority_exponent)):
+            return None
+        return f"small enough that priority ** priority_exponent ({self.priority_exponent:g}) is finite"
 
     def __repr__(self) -> str:
         return f"Prioritized(priority_exponent={self.priority_exponent:g})"

@@ -16,6 +16,10 @@ import threading
 import weakref
 from typing import Any, Sequence
 
+import numpy as np
+import tensorflow as tf
+
+from tfreplay.compat.reverb.errors import NotFoundError
 from tfreplay.compat.reverb.table import Table
 
 _LOCK = threading.Lock()
@@ -100,8 +104,26 @@ class Server:
         return f"Server(port={self._port}, tables={sorted(self._tables)})"
 
 
+def text(where: str, name: str, value: Any) -> Any:
+    """`value` as a `str` (bytes, NumPy and eager string tensors decoded), or a graph string tensor as it is (an
+    op resolves it when it runs)."""
+    if isinstance(value, tf.Tensor) and not tf.executing_eagerly():
+        if value.dtype != tf.string or value.shape.rank not in (0, None):
+            raise TypeError(f"{where}: {name} ({value!r}) must be a string or a scalar string tensor.")
+        return value
+    if isinstance(value, (tf.Tensor, np.ndarray, np.generic)):
+        value = value.numpy() if isinstance(value, tf.Tensor) else value
+        value = value.item() if isinstance(value, (np.ndarray, np.generic)) else value
+    if isinstance(value, bytes):
+        value = value.decode()
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: {name} ({value!r}) must be a string or a scalar string tensor.")
+    return value
+
+
 def parse_port(where: str, address: Any) -> int:
     """The port of `host:port`, where host names this machine."""
+    address = text(where, "server_address", address)
     if not isinstance(address, str) or ":" not in address:
         raise ValueError(f"{where}: server_address ({address!r}) must be 'localhost:<port>'.")
     host, _, port = address.rpartition(":")
@@ -113,7 +135,7 @@ def parse_port(where: str, address: Any) -> int:
     return int(port)
 
 
-def find_server(where: str, address: str) -> Server:
+def find_server(where: str, address: Any) -> Server:
     port = parse_port(where, address)
     with _LOCK:
         server = _SERVERS.get(port)
@@ -125,12 +147,15 @@ def find_server(where: str, address: str) -> Server:
     return server
 
 
-def find_table(where: str, address: str, name: Any) -> Table:
+def find_table(where: str, address: Any, name: Any) -> Table:
+    """The table `name` of the server at `address` (strings, bytes or eager tensors); NotFoundError if the server
+    has no such table."""
+    address, name = text(where, "server_address", address), text(where, "table", name)
     tables = find_server(where, address)._tables
-    if isinstance(name, bytes):
-        name = name.decode()
     if name not in tables:
-        raise KeyError(f"{where}: table ({name!r}) is not on the server at {address}; its tables: {sorted(tables)}.")
+        raise NotFoundError(
+            f"{where}: table ({name!r}) is not on the server at {address}; its tables: {sorted(tables)}."
+        )
     return tables[name]
 
 

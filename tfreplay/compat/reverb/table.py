@@ -1,55 +1,39 @@
 """The item store: one table's items, its selectors, its rate limiter and the lock they share.
 
-An item is a key, a priority, a draw count and its columns. A column is a
-run of step cells (NumPy arrays the trajectory writer made, shared by every
-item that covers them, never copied) or, squeezed, one cell: an item holds
-slices of shared steps, as Reverb's chunks, so overlapping items cost no
-memory for the steps they share, and removing an item (by the remover when
-full, by `max_times_sampled`, by `mutate_priorities(deletes=)`) frees what no
-other item holds.
+Items (`items.py`) hold slices of shared steps, as Reverb's chunks, so
+overlapping items cost no memory for the steps they share, and removing an
+item (by the remover when full, by `max_times_sampled`, by
+`mutate_priorities(deletes=)`) frees what no other item holds. The table
+counts the episodes its items cover (`num_episodes`) and those whose last
+item went (`num_deleted_episodes`).
 
 Every call takes the table's condition variable; a call the rate limiter
 does not admit waits on it (with a deadline if given) and every change wakes
-the waiters. `Server.stop()` closes the table: waiting calls then raise.
+the waiters. A writer's items go through a queue instead (`_enqueue`): each
+goes in as soon as the rate limiter admits it, in order, when a sample or a
+removal makes room, and the writer's `flush` waits for its own. A priority,
+a key and an item are checked before anything changes. `Server.stop()`
+closes the table:
+waiting calls then raise and queued items are dropped.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import math
-import random
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import specs
-from tfreplay.compat.reverb import rate_limiters, selectors
+from tfreplay.compat.reverb import items, rate_limiters, selectors
 from tfreplay.compat.reverb.errors import DeadlineExceededError, ServerStoppedError
+from tfreplay.compat.reverb.items import Column, Item, Ticket, check_columns, check_key, new_key
 
-
-class Column(NamedTuple):
-    """One column of an item: its step cells, and whether it is one step without a time axis (`squeeze`)."""
-
-    cells: tuple
-    squeeze: bool
-
-    def value(self) -> np.ndarray:
-        return self.cells[0] if self.squeeze else np.stack(self.cells)
-
-    def shape(self) -> tuple:
-        step = tuple(self.cells[0].shape)
-        return step if self.squeeze else (len(self.cells),) + step
-
-
-@dataclasses.dataclass
-class Item:
-    key: int
-    priority: float
-    columns: tuple
-    times_sampled: int = 0
+MAX_DRAWS_PER_CALL = 1024  # the most draws one `_sample_many` takes under the lock
 
 
 @dataclasses.dataclass
@@ -167,8 +151,8 @@ class Table:
                 self._counts.info(),
                 self._signature,
                 len(self._items),
-                0,
-                0,
+                len(self._episodes),
+                self._deleted_episodes,
                 self._unique_samples,
             )
 
@@ -194,6 +178,10 @@ class Table:
         self._sampler, self._remover = self._sampler_setting.build(), self._remover_setting.build()
         self._counts = self._limiter.build()
         self._unique_samples = 0
+        self._episodes: collections.Counter = collections.Counter()  # episode id -> items that cover it
+        self._deleted_episodes = 0
+        if not hasattr(self, "_pending"):  # a reset keeps the writers' queued items
+            self._pending: collections.deque[Ticket] = collections.deque()
 
     def _wait(self, admitted: Callable[[], bool], timeout: float | None, what: str) -> None:
         """Waits (holding the condition) until `admitted()`; raises on timeout or when the server stops."""
@@ -211,21 +199,62 @@ class Table:
                 )
             self._cond.wait(1.0 if left is None else min(left, 1.0))  # wakes to see a stop without a notify
 
+    def _checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
+        """`priority` as a float, or ValueError: it must be finite, >= 0, and its selectors' weight finite."""
+        if isinstance(priority, np.number):
+            priority = priority.item()
+        items.check_priority(where, priority, name)
+        for selector in (self._sampler_setting, self._remover_setting):
+            rule = selector._priority_rule(float(priority))
+            if rule is not None:
+                raise ValueError(f"{where}: {name} ({priority!r}) must be {rule} (table {self._name!r}).")
+        return float(priority)
+
     def _insert(self, item: Item, timeout: float | None = None) -> None:
-        """Inserts `item` (an existing key: its priority and data are replaced); past `max_size`, the remover then
-        removes one item, which may be the new one (a Lifo remover does)."""
-        _check_priority(f"Table {self._name!r}: insert", item.priority)
+        """Inserts `item` once the rate limiter admits it (an existing key: its priority and data are replaced)."""
+        self._checked_priority(f"Table {self._name!r}: insert", item.priority)
         with self._cond:
-            self._wait(lambda: self._counts.can_insert(len(self._items), 1), timeout, "insert")
-            if item.key in self._items:
-                self._drop(item.key)
-            self._items[item.key] = item
-            self._sampler.insert(item.key, item.priority)
-            self._remover.insert(item.key, item.priority)
-            self._counts.inserts += 1
-            if len(self._items) > self.max_size:  # as Reverb: the remover chooses among all, the new item included
-                self._drop(self._remover.select(self._rng)[0])
-            self._cond.notify_all()
+            self._wait(lambda: not self._pending and self._counts.can_insert(len(self._items), 1), timeout, "insert")
+            self._put(item)
+            self._changed()
+
+    def _enqueue(self, item: Item) -> Ticket:
+        """Queues `item` (its priority checked by the caller) to go in when admitted; it may go in at once."""
+        with self._cond:
+            if self._closed:
+                raise ServerStoppedError(f"Table {self._name!r}: the server was stopped; the insert did not happen.")
+            ticket = Ticket(item)
+            self._pending.append(ticket)
+            self._changed()
+            return ticket
+
+    def _await(self, ticket: Ticket, timeout: float | None, what: str) -> None:
+        """Waits until `ticket`'s item is in (DeadlineExceededError after `timeout` seconds; it stays queued)."""
+        with self._cond:
+            if not ticket.done:  # an item in before a stop counts as in
+                self._wait(lambda: ticket.done, timeout, what)
+
+    def _put(self, item: Item) -> None:
+        """Puts `item` in (lock held); past `max_size`, the remover then removes one item, which may be the new one
+        (a Lifo remover does)."""
+        if item.key in self._items:
+            self._drop(item.key)
+        self._items[item.key] = item
+        self._sampler.insert(item.key, item.priority)
+        self._remover.insert(item.key, item.priority)
+        self._counts.inserts += 1
+        for episode in item.episodes:
+            self._episodes[episode] += 1
+        if len(self._items) > self.max_size:  # as Reverb: the remover chooses among all, the new item included
+            self._drop(self._remover.select(self._rng)[0])
+
+    def _changed(self) -> None:
+        """After a change (lock held): queued items the rate limiter now admits go in, and waiters wake."""
+        while self._pending and not self._closed and self._counts.can_insert(len(self._items), 1):
+            ticket = self._pending.popleft()
+            self._put(ticket.item)
+            ticket.done = True
+        self._cond.notify_all()
 
     def _sample(self, timeout: float | None = None) -> tuple[Item, tuple]:
         """Draws one item: `(item, (key, probability, table_size, priority, times_sampled))`."""
@@ -237,9 +266,9 @@ class Table:
         with self._cond:
             self._wait(self._can_draw, timeout, "sample")
             draws = [self._draw()]
-            while len(draws) < n and self._can_draw():
+            while len(draws) < min(n, MAX_DRAWS_PER_CALL) and self._can_draw():
                 draws.append(self._draw())
-            self._cond.notify_all()
+            self._changed()
             return draws
 
     def _can_draw(self) -> bool:
@@ -257,31 +286,41 @@ class Table:
         return item, info
 
     def _drop(self, key: int) -> None:
-        del self._items[key]
+        item = self._items.pop(key)
         self._sampler.delete(key)
         self._remover.delete(key)
         self._counts.deletes += 1
+        for episode in item.episodes:
+            self._episodes[episode] -= 1
+            if not self._episodes[episode]:
+                del self._episodes[episode]
+                self._deleted_episodes += 1
 
     def _mutate(self, updates: dict, deletes: Sequence[int]) -> None:
-        """Sets the priorities of `updates`' keys and removes `deletes`' keys; unknown keys are ignored."""
-        for key, priority in updates.items():
-            _check_priority(f"Table {self._name!r}: mutate_priorities", priority, f"priority of key {key}")
+        """Sets the priorities of `updates`' keys, then removes `deletes`' keys; unknown keys are ignored. Every
+        key and priority is checked first: a refused call changes nothing."""
+        where = f"Table {self._name!r}: mutate_priorities"
+        weights = {
+            check_key(where, key): self._checked_priority(where, priority, f"priority of key {key}")
+            for key, priority in updates.items()
+        }
+        doomed = [check_key(where, key) for key in deletes]
         with self._cond:
-            for key, priority in updates.items():
-                item = self._items.get(int(key))
+            for key, priority in weights.items():
+                item = self._items.get(key)
                 if item is not None:
-                    item.priority = float(priority)
+                    item.priority = priority
                     self._sampler.update(item.key, item.priority)
                     self._remover.update(item.key, item.priority)
-            for key in deletes:
-                if int(key) in self._items:
-                    self._drop(int(key))
-            self._cond.notify_all()
+            for key in doomed:
+                if key in self._items:
+                    self._drop(key)
+            self._changed()
 
     def _reset(self) -> None:
         with self._cond:
             self._clear()
-            self._cond.notify_all()
+            self._changed()
 
     def _close(self) -> None:
         with self._cond:
@@ -292,18 +331,25 @@ class Table:
         """The items in insertion order and the counts, for a checkpoint."""
         with self._cond:
             c = self._counts
-            return list(self._items.values()), {"inserts": c.inserts, "samples": c.samples, "deletes": c.deletes}
+            counts = {"inserts": c.inserts, "samples": c.samples, "deletes": c.deletes}
+            counts.update(deleted_episodes=self._deleted_episodes, unique_samples=self._unique_samples)
+            return list(self._items.values()), counts
 
     def _restore(self, items: list[Item], counts: dict) -> None:
+        """Replaces the table's items and counts with checked ones (a checkpoint's)."""
         with self._cond:
             self._clear()
             for item in items:
                 self._items[item.key] = item
                 self._sampler.insert(item.key, item.priority)
                 self._remover.insert(item.key, item.priority)
+                for episode in item.episodes:
+                    self._episodes[episode] += 1
             self._counts.inserts, self._counts.samples = counts["inserts"], counts["samples"]
             self._counts.deletes = counts["deletes"]
-            self._cond.notify_all()
+            self._deleted_episodes = counts.get("deleted_episodes", 0)
+            self._unique_samples = counts.get("unique_samples", 0)
+            self._changed()
 
 
 def insert_step(where: str, targets: Sequence[tuple[Table, Any]], values: Sequence[Any]) -> None:
@@ -311,39 +357,10 @@ def insert_step(where: str, targets: Sequence[tuple[Table, Any]], values: Sequen
     of `targets` (`Client.insert`, `TFClient.insert`). Every signature and priority is checked before the first
     insert, so a refused call changes no table."""
     columns = tuple(Column((np.array(v),), False) for v in values)
-    weights = [float(priority) for _, priority in targets]
-    for (table, _), weight in zip(targets, weights):
+    weights = []
+    for table, priority in targets:
         check_columns(f"{where} (table {table.name!r})", table.signature, columns, step_shapes=True)
-        _check_priority(f"{where} (table {table.name!r})", weight)
-    key = random.getrandbits(64)
+        weights.append(table._checked_priority(f"{where} (table {table.name!r})", priority))
+    key, episode = new_key(), new_key()  # one step: an episode of its own, as Reverb's insert
     for (table, _), weight in zip(targets, weights):
-        table._insert(Item(key, weight, columns))
-
-
-def _check_priority(where: str, priority: Any, name: str = "priority") -> None:
-    ok = isinstance(priority, (int, float, np.number)) and not isinstance(priority, bool)
-    if not ok or not math.isfinite(priority) or priority < 0:
-        raise ValueError(f"{where}: {name} ({priority!r}) must be a finite number >= 0.")
-
-
-def check_columns(where: str, signature: Any, columns: Sequence[Column], step_shapes: bool = False) -> None:
-    """Raises `SignatureError` unless `columns` match the flattened `signature` in number, dtype and shape
-    (`step_shapes`: a one-step column may also match by its step's shape, as Reverb's TF client reads it)."""
-    from tfreplay.compat.reverb.errors import SignatureError
-
-    if signature is None:
-        return
-    specs = tf.nest.flatten(signature)
-    if len(specs) != len(columns):
-        raise SignatureError(f"{where}: the item has {len(columns)} columns; the table's signature has {len(specs)}.")
-    for i, (spec, column) in enumerate(zip(specs, columns)):
-        dtype = tf.as_dtype(column.cells[0].dtype)
-        if dtype != spec.dtype:
-            raise SignatureError(
-                f"{where}: column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
-            )
-        shapes = [column.shape()] + ([tuple(column.cells[0].shape)] if step_shapes and len(column.cells) == 1 else [])
-        if not any(spec.shape.is_compatible_with(s) for s in shapes):
-            raise SignatureError(
-                f"{where}: column {i} has shape {column.shape()}; the signature expects {spec.shape.as_list()}."
-            )
+        table._insert(Item(key, weight, columns, episodes=(episode,)))

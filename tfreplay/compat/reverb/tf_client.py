@@ -1,9 +1,15 @@
 """`TFClient`: sample, insert and update priorities as TensorFlow ops, eagerly or inside `tf.function`.
 
 Eagerly a call runs at once; in a graph it is a `tf.numpy_function` op (so
-a graph using it runs in this process and is not serializable to another).
-A sampled item of one step comes without its time axis, as Reverb's TF
-client emits it.
+a graph using it runs in this process and is not serializable to another)
+that finds its server and table when it runs. The server address and table
+names may be strings or string tensors. A sampled item of one step comes
+without its time axis, as Reverb's TF client emits it. Eagerly, an unknown
+table raises `NotFoundError` and data of other dtypes than asked
+`InvalidArgumentError`, as Reverb's ops do; inside a graph, TensorFlow
+reports an error of a Python op as `UnknownError` (the unknown table) or
+`InvalidArgumentError` (the dtypes), with the same message, where Reverb's
+ops raise `NotFoundError` and `InternalError`.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.compat.reverb import server as server_lib
+from tfreplay.compat.reverb.errors import DtypeMismatchError
+from tfreplay.compat.reverb.items import Column
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Column, insert_step
+from tfreplay.compat.reverb.table import insert_step
 
 _INFO_DTYPES = list(SampleInfo.tf_dtypes())
 
@@ -23,29 +31,32 @@ _INFO_DTYPES = list(SampleInfo.tf_dtypes())
 class TFClient:
     """TensorFlow ops on the `Server` at `server_address` in this process."""
 
-    def __init__(self, server_address: str, shared_name: str | None = None, name: str = "reverb"):
-        server_lib.parse_port("TFClient", server_address)
-        self._address, self._name = server_address, name
+    def __init__(self, server_address: Any, shared_name: str | None = None, name: str = "reverb"):
+        address = server_lib.text("TFClient", "server_address", server_address)
+        if isinstance(address, str):
+            server_lib.parse_port("TFClient", address)
+        self._address, self._name = address, name
 
     @property
-    def server_address(self) -> str:
+    def server_address(self) -> Any:
         return self._address
 
     def sample(self, table: str, data_dtypes: Any, name: str | None = None) -> ReplaySample:
         """One item of `table`: `ReplaySample(info, data)`, `data` nested as `data_dtypes`."""
-        target = server_lib.find_table("TFClient.sample", self._address, table)
+        table = server_lib.text("TFClient.sample", "table", table)
         dtypes = [tf.as_dtype(d) for d in tf.nest.flatten(data_dtypes)]
 
-        def draw() -> list:
-            item, info = target._sample()
+        def draw(address: Any, name: Any) -> list:
+            item, info = server_lib.find_table("TFClient.sample", address, name)._sample()
             columns = item.columns
             if all(not c.squeeze and len(c.cells) == 1 for c in columns):
                 columns = tuple(Column(c.cells, True) for c in columns)  # one step: a timestep, no time axis
             data = [c.value() for c in columns]
             if len(data) != len(dtypes) or any(tf.as_dtype(x.dtype) != d for x, d in zip(data, dtypes)):
                 got = [tf.as_dtype(x.dtype).name for x in data]
-                raise TypeError(
-                    f"TFClient.sample: table {table!r} holds dtypes {got}; data_dtypes asks {[d.name for d in dtypes]}."
+                raise DtypeMismatchError(
+                    f"TFClient.sample: table {server_lib.text('', '', name)!r} holds dtypes {got}; data_dtypes asks "
+                    f"{[d.name for d in dtypes]}."
                 )
             fields = [
                 np.uint64(info[0]),
@@ -57,9 +68,10 @@ class TFClient:
             return fields + data
 
         if tf.executing_eagerly():
-            out = [tf.constant(x) for x in draw()]
+            out = [tf.constant(x) for x in draw(self._address, table)]
         else:
-            out = tf.numpy_function(draw, [], _INFO_DTYPES + dtypes, name=name or f"{self._name}_sample")
+            names = [tf.convert_to_tensor(self._address, tf.string), tf.convert_to_tensor(table, tf.string)]
+            out = tf.numpy_function(draw, names, _INFO_DTYPES + dtypes, name=name or f"{self._name}_sample")
             for t in out[:5]:
                 t.set_shape([])
         return ReplaySample(SampleInfo(*out[:5]), tf.nest.pack_sequence_as(data_dtypes, out[5:]))
@@ -79,22 +91,24 @@ class TFClient:
             )
         address = self._address
 
-        def put(names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
+        def put(address: Any, names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
             targets = [(server_lib.find_table("TFClient.insert", address, n), w) for n, w in zip(names, weights)]
             insert_step("TFClient.insert", targets, values)  # one step, as Client.insert
             return np.array(True)
 
         flat = [tf.convert_to_tensor(x) for x in tf.nest.flatten(data)]
         if tf.executing_eagerly():
-            return tf.constant(put(tables.numpy(), priorities.numpy(), *[x.numpy() for x in flat]))
-        return tf.numpy_function(put, [tables, priorities, *flat], tf.bool, name=name or f"{self._name}_insert")
+            return tf.constant(put(address, tables.numpy(), priorities.numpy(), *[x.numpy() for x in flat]))
+        inputs = [tf.convert_to_tensor(address, tf.string), tables, priorities, *flat]
+        return tf.numpy_function(put, inputs, tf.bool, name=name or f"{self._name}_insert")
 
     def update_priorities(self, table: str, keys: Any, priorities: Any, name: str | None = None) -> Any:
         """Sets the priorities of `keys` (unknown keys are ignored)."""
-        target = server_lib.find_table("TFClient.update_priorities", self._address, table)
+        table = server_lib.text("TFClient.update_priorities", "table", table)
         keys, priorities = tf.convert_to_tensor(keys), tf.convert_to_tensor(priorities)
 
-        def update(k: np.ndarray, p: np.ndarray) -> np.ndarray:
+        def update(address: Any, name: Any, k: np.ndarray, p: np.ndarray) -> np.ndarray:
+            target = server_lib.find_table("TFClient.update_priorities", address, name)
             k, p = np.reshape(k, [-1]), np.reshape(p, [-1])
             if k.shape != p.shape:
                 raise ValueError(
@@ -105,5 +119,8 @@ class TFClient:
             return np.array(True)
 
         if tf.executing_eagerly():
-            return tf.constant(update(keys.numpy(), priorities.numpy()))
-        return tf.numpy_function(update, [keys, priorities], tf.bool, name=name or f"{self._name}_update_priorities")
+            return tf.constant(update(self._address, table, keys.numpy(), priorities.numpy()))
+        names = [tf.convert_to_tensor(self._address, tf.string), tf.convert_to_tensor(table, tf.string)]
+        return tf.numpy_function(
+            update, [*names, keys, priorities], tf.bool, name=name or f"{self._name}_update_priorities"
+        )

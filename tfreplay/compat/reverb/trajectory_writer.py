@@ -1,26 +1,36 @@
 """`TrajectoryWriter`: steps appended column by column, items made of slices of them.
 
-`append(step)` flattens the step (a nest, fixed by the first append) into
-columns and keeps each leaf as one cell (a NumPy copy); `history` is the same
-nest of column histories, which index (`h[-1]`: one step, squeezed) and slice
-(`h[-3:]`: a time axis) into `TrajectoryColumn`s; `create_item(table,
-priority, trajectory)` inserts an item over those cells at once (a table
-whose rate limiter holds inserts back makes it wait). Only the last
-`num_keep_alive_refs` steps of each column can be referenced; older cells
-are let go, freed when no item holds them. `flush` has nothing to send and
-returns; `end_episode` starts the history again.
+`append(step)` gives each leaf of the step (a nest) a column of its own, by
+its path: a field first seen in a later step gets a new column whose earlier
+steps are `None`, and a step may leave fields out (`None` there too). A
+column keeps the dtype and shape of its first value; another is refused.
+`append(..., partial_step=True)` opens a step that later appends fill in,
+until one without the flag closes it. `history` is the nest of column
+histories, which index (`h[-1]`: one step, squeezed) and slice (`h[-3:]`: a
+time axis) into `TrajectoryColumn`s.
+
+`create_item(table, priority, trajectory)` checks the item and queues it on
+its table, which takes it in as soon as its rate limiter admits it (at once
+when it does): `create_item` does not wait, and `flush` waits until the
+writer's items are in (`DeadlineExceededError` after `timeout_ms`; the items
+stay queued). Only the last `num_keep_alive_refs` steps of each column can
+be referenced; older cells are let go, freed when no item holds them.
+`end_episode` starts a new episode (and, with `clear_buffers`, an empty
+history) and flushes.
 """
 
 from __future__ import annotations
 
-import random
-from typing import Any, Iterator
+import time
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import nest
 
-from tfreplay.compat.reverb.table import Column, Item, check_columns
+from tfreplay.compat.reverb import writer_structure as structure
+from tfreplay.compat.reverb.errors import DeadlineExceededError
+from tfreplay.compat.reverb.items import Column, Item, check_columns, new_key
+from tfreplay.compat.reverb.writer_structure import path_name
 
 
 class TrajectoryColumn:
@@ -30,6 +40,13 @@ class TrajectoryColumn:
         if squeeze and len(cells) != 1:
             raise ValueError(f"TrajectoryColumn: squeeze needs exactly one cell; got {len(cells)}.")
         self._cells, self._squeeze, self._path = list(cells), squeeze, path
+        self._episodes: tuple = (None,) * len(self._cells)  # the writer episode of each cell, where known
+
+    @classmethod
+    def _of(cls, cells: list, episodes: Sequence, *, squeeze: bool = False, path: tuple = ()) -> TrajectoryColumn:
+        column = cls(cells, squeeze=squeeze, path=path)
+        column._episodes = tuple(episodes)
+        return column
 
     def __len__(self) -> int:
         return len(self._cells)
@@ -41,8 +58,8 @@ class TrajectoryColumn:
         if self._squeeze:
             raise TypeError("TrajectoryColumn: a squeezed column (one step, no time axis) cannot be indexed.")
         if isinstance(val, slice):
-            return TrajectoryColumn(self._cells[val], path=self._path)
-        return TrajectoryColumn([self._cells[val]], squeeze=True, path=self._path)
+            return TrajectoryColumn._of(self._cells[val], self._episodes[val], path=self._path)
+        return TrajectoryColumn._of([self._cells[val]], [self._episodes[val]], squeeze=True, path=self._path)
 
     @property
     def is_squeezed(self) -> bool:
@@ -62,25 +79,55 @@ class TrajectoryColumn:
     def _column(self, where: str) -> Column:
         if not self._cells or any(c is None for c in self._cells):
             raise ValueError(
-                f"TrajectoryColumn.{where}: column {'/'.join(map(str, self._path)) or '0'} has "
+                f"TrajectoryColumn.{where}: column {path_name(self._path)} has "
                 f"{'no cells' if not self._cells else 'steps with no value (None)'}; an item needs a value in each."
             )
         return Column(tuple(self._cells), self._squeeze)
 
+    def _episode_ids(self) -> set:
+        return {e for e in self._episodes if e is not None}
+
 
 class _ColumnHistory:
-    """One column's cells in this episode: the last `keep` are held, older ones are let go."""
+    """One column's cells since the history was last cleared: the last `keep` are held, older ones let go. The
+    column's dtype and shape are its first value's."""
 
-    def __init__(self, path: tuple, keep: int):
+    def __init__(self, path: tuple, keep: int, padding: int = 0):
         self._path, self._keep = path, keep
         self._start = 0
         self._cells: list = []
+        self._episodes: list = []
+        self._spec: tuple | None = None
+        for _ in range(padding):
+            self._append(None, None)
 
-    def _append(self, cell: Any) -> None:
+    def _check(self, cell: np.ndarray) -> None:
+        if self._spec is not None and (cell.dtype, cell.shape) != self._spec:
+            raise ValueError(
+                f"TrajectoryWriter.append: field {path_name(self._path)} (dtype {cell.dtype}, shape {cell.shape}) "
+                f"must keep the dtype ({self._spec[0]}) and shape {self._spec[1]} of its first value; append the "
+                "same kind of value in every step."
+            )
+
+    def _append(self, cell: Any, episode: Any) -> None:
+        if cell is not None and self._spec is None:
+            self._spec = (cell.dtype, cell.shape)
         self._cells.append(cell)
+        self._episodes.append(None if cell is None else episode)
         if len(self._cells) > self._keep:
-            del self._cells[0]
+            del self._cells[0], self._episodes[0]
             self._start += 1
+
+    def _set_last(self, cell: Any, episode: Any) -> None:
+        if self._spec is None:
+            self._spec = (cell.dtype, cell.shape)
+        self._cells[-1], self._episodes[-1] = cell, episode
+
+    def _last_is_set(self) -> bool:
+        return bool(self._cells) and self._cells[-1] is not None
+
+    def _clear(self) -> None:
+        self._start, self._cells, self._episodes = 0, [], []
 
     def __len__(self) -> int:
         return self._start + len(self._cells)
@@ -88,19 +135,21 @@ class _ColumnHistory:
     def __getitem__(self, val: Any) -> TrajectoryColumn:
         n = len(self)
         if isinstance(val, slice):
-            indices = range(n)[val]
             if val.step not in (None, 1):
                 raise ValueError(f"history: a slice step ({val.step}) is not supported; use a contiguous slice.")
-            return TrajectoryColumn([self._cell(i) for i in indices], path=self._path)
+            indices = list(range(n)[val])
+            cells = [self._cell(i) for i in indices]
+            return TrajectoryColumn._of(cells, [self._episodes[i - self._start] for i in indices], path=self._path)
         index = int(val) + n if int(val) < 0 else int(val)
         if not 0 <= index < n:
             raise IndexError(f"history: index ({val}) out of range for a column of {n} steps.")
-        return TrajectoryColumn([self._cell(index)], squeeze=True, path=self._path)
+        cell = self._cell(index)
+        return TrajectoryColumn._of([cell], [self._episodes[index - self._start]], squeeze=True, path=self._path)
 
     def _cell(self, index: int) -> Any:
         if index < self._start:
             raise ValueError(
-                f"history: step {index} of column {'/'.join(map(str, self._path)) or '0'} is older than the last "
+                f"history: step {index} of column {path_name(self._path)} is older than the last "
                 f"num_keep_alive_refs ({self._keep}) steps; raise num_keep_alive_refs to reference it."
             )
         return self._cells[index - self._start]
@@ -116,18 +165,26 @@ class TrajectoryWriter:
       resolve: a function from a table name to its `Table` (the client's).
       num_keep_alive_refs: how many recent steps of each column items may reference.
       validate_items: check each item against its table's signature (shapes include the time axis).
+      max_in_flight_items: `create_item` waits while this many of the writer's items wait for their table's rate
+        limiter (None: it never waits).
     """
 
-    def __init__(self, resolve: Any, num_keep_alive_refs: int, validate_items: bool = True):
+    def __init__(
+        self, resolve: Any, num_keep_alive_refs: int, validate_items: bool = True, max_in_flight_items: Any = None
+    ):
         if not isinstance(num_keep_alive_refs, int) or isinstance(num_keep_alive_refs, bool) or num_keep_alive_refs < 1:
             raise ValueError(
                 f"trajectory_writer: num_keep_alive_refs ({num_keep_alive_refs!r}) must be an integer >= 1."
             )
         self._resolve, self._keep, self._validate = resolve, num_keep_alive_refs, validate_items
+        self._max_in_flight = max_in_flight_items
         self._structure: Any = None
+        self._index: dict[tuple, int] = {}  # field path -> column number
         self._columns: list[_ColumnHistory] = []
-        self._partial: list | None = None
-        self._steps, self._closed = 0, False
+        self._open, self._closed = False, False
+        self._steps = 0  # steps closed since the episode began
+        self._episode = new_key()
+        self._in_flight: list = []  # (table, ticket) of items not yet confirmed in
 
     def __enter__(self) -> TrajectoryWriter:
         return self
@@ -139,13 +196,15 @@ class TrajectoryWriter:
 
     @property
     def history(self) -> Any:
-        """The columns' histories, nested as the appended steps."""
-        if self._structure is None:
+        """The columns' histories, nested as the union of the appended steps."""
+        if not self._columns:
             raise ValueError("TrajectoryWriter.history: nothing was appended yet, so there are no columns.")
-        return tf.nest.pack_sequence_as(self._structure, self._columns)
+        ordered = [self._columns[self._index[p]] for p in structure.paths(self._structure)]
+        return tf.nest.pack_sequence_as(self._structure, ordered)
 
     @property
     def episode_steps(self) -> int:
+        """The steps appended since the episode began (an open partial step not yet counted), as Reverb's."""
         return self._steps
 
     @property
@@ -157,38 +216,44 @@ class TrajectoryWriter:
         del path, num_keep_alive_refs, max_chunk_length
 
     def append(self, data: Any, *, partial_step: bool = False) -> None:
-        """Adds a step (`partial_step`: some columns now, the rest with the next append of the same step)."""
+        """Adds a step (`partial_step`: some fields now, the rest with later appends of the same step)."""
         self._check_open("append")
-        flat = self._flatten(data)
-        if self._partial is not None:
-            for i, (old, new) in enumerate(zip(self._partial, flat)):
-                if old is not None and new is not None:
-                    raise ValueError(f"TrajectoryWriter.append: column {i} already has a value in this partial step.")
-            flat = [old if new is None else new for old, new in zip(self._partial, flat)]
-        if partial_step:
-            self._partial = flat
-            return
-        self._partial = None
-        for column, cell in zip(self._columns, flat):
-            column._append(cell)
-        self._steps += 1
+        grown, added = self._grown(data)
+        index = {**self._index, **{path: len(self._index) + i for i, path in enumerate(added)}}
+        cells = [None if x is None else np.array(x) for x in structure.flatten_into(index, data)]
+        for column, cell in zip(self._columns, cells):  # the new columns take any first value
+            if cell is not None:
+                self._check_cell(column, cell)
+        steps = len(self._columns[0]) if self._columns else 0  # the history's steps, an open one included
+        self._structure, self._index = grown, index
+        self._columns += [_ColumnHistory(path, self._keep, padding=steps) for path in added]
+        for column, cell in zip(self._columns, cells):
+            if not self._open:
+                column._append(cell, self._episode)
+            elif cell is not None:
+                column._set_last(cell, self._episode)
+        self._open = partial_step
+        self._steps += not partial_step
 
-    def _flatten(self, data: Any) -> list:
-        if self._structure is None:
-            self._structure = tf.nest.map_structure(lambda _: 0, data)
-            paths = [p for p, _ in nest.flatten_with_joined_string_paths(data)]
-            self._columns = [_ColumnHistory((p,), self._keep) for p in paths]
-        try:
-            tf.nest.assert_same_structure(self._structure, data, check_types=False)
-        except (ValueError, TypeError) as e:
+    def _grown(self, data: Any) -> tuple[Any, list]:
+        """The structure grown by `data`'s fields, and the paths of the fields that are new."""
+        step = structure.skeleton(data)
+        grown = step if not self._index else structure.union("TrajectoryWriter.append", self._structure, step)
+        added = [path for path in structure.paths(data) if path not in self._index]
+        return grown, added
+
+    def _check_cell(self, column: _ColumnHistory, cell: np.ndarray) -> None:
+        if self._open and column._last_is_set():
             raise ValueError(
-                f"TrajectoryWriter.append: data must have the structure of the first step appended "
-                f"({self._structure}); {e}"
-            ) from None
-        return [None if x is None else np.array(x) for x in tf.nest.flatten(data)]
+                f"TrajectoryWriter.append: field {path_name(column._path)} already has a value in this partial "
+                "step; leave it out (or None) until the step is closed with partial_step=False."
+            )
+        column._check(cell)
 
     def create_item(self, table: str, priority: float, trajectory: Any) -> None:
-        """Inserts an item of `trajectory` (a nest of `TrajectoryColumn`s from `history`) into `table`."""
+        """Queues an item of `trajectory` (a nest of `TrajectoryColumn`s from `history`) on `table`; it goes in
+        when the table's rate limiter admits it (at once if it does). Checks it first: a refused item changes
+        nothing."""
         self._check_open("create_item")
         leaves = tf.nest.flatten(trajectory)
         if not leaves or not all(isinstance(x, TrajectoryColumn) for x in leaves):
@@ -198,21 +263,51 @@ class TrajectoryWriter:
             )
         columns = [leaf._column("create_item") for leaf in leaves]
         target = self._resolve(table)
+        weight = target._checked_priority(f"TrajectoryWriter.create_item (table {table!r})", priority)
         if self._validate:
             check_columns(f"TrajectoryWriter.create_item (table {table!r})", target.signature, columns)
-        target._insert(Item(random.getrandbits(64), float(priority), tuple(columns)))
+        episodes = tuple(sorted(set().union(*(leaf._episode_ids() for leaf in leaves))))
+        ticket = target._enqueue(Item(new_key(), weight, tuple(columns), episodes=episodes))
+        self._in_flight.append((target, ticket))
+        if self._max_in_flight is not None:
+            self._wait_in_flight(self._max_in_flight, None, "create_item")
 
     def flush(self, block_until_num_items: int = 0, timeout_ms: Any = None) -> None:
-        """Returns at once: every item went into its table in `create_item`."""
+        """Waits until at most `block_until_num_items` of this writer's items wait for their table's rate limiter;
+        `DeadlineExceededError` after `timeout_ms` milliseconds (None or negative: no limit), the items still
+        queued."""
         if not isinstance(block_until_num_items, int) or block_until_num_items < 0:
             raise ValueError(f"flush: block_until_num_items ({block_until_num_items!r}) must be an integer >= 0.")
+        if timeout_ms is not None and (not isinstance(timeout_ms, (int, np.integer)) or isinstance(timeout_ms, bool)):
+            raise ValueError(f"flush: timeout_ms ({timeout_ms!r}) must be None or an integer (milliseconds).")
+        timeout = None if timeout_ms is None or timeout_ms < 0 else timeout_ms / 1000.0
+        self._wait_in_flight(block_until_num_items, timeout, "flush")
+
+    def _wait_in_flight(self, most: int, timeout: float | None, where: str) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._in_flight = [(table, ticket) for table, ticket in self._in_flight if not ticket.done]
+            if len(self._in_flight) <= most:
+                return
+            table, ticket = self._in_flight[0]
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                table._await(ticket, left, "insert")
+            except DeadlineExceededError:
+                raise DeadlineExceededError(
+                    f"TrajectoryWriter.{where}: {len(self._in_flight)} items were not taken in by their tables' rate "
+                    f"limiters within {timeout_ms_text(timeout)}; they stay queued and go in once admitted."
+                ) from None
 
     def end_episode(self, clear_buffers: bool = True, timeout_ms: Any = None) -> None:
-        """Ends the episode: the history starts empty (items made so far keep their cells)."""
+        """Starts a new episode (with `clear_buffers`, an empty history; items made keep their cells), then
+        flushes (`DeadlineExceededError` after `timeout_ms`, the episode ended all the same)."""
+        self._episode, self._steps = new_key(), 0
+        if clear_buffers:
+            self._open = False
+            for column in self._columns:
+                column._clear()
         self.flush(0, timeout_ms)
-        self._partial = None
-        self._columns = [_ColumnHistory(c._path, self._keep) for c in self._columns]
-        self._steps = 0
 
     def close(self) -> None:
         self._closed = True
@@ -220,3 +315,7 @@ class TrajectoryWriter:
     def _check_open(self, where: str) -> None:
         if self._closed:
             raise RuntimeError(f"TrajectoryWriter.{where}: the writer is closed.")
+
+
+def timeout_ms_text(timeout: float | None) -> str:
+    return "no limit" if timeout is None else f"{timeout * 1000:g} ms"

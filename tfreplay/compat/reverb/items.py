@@ -1,0 +1,91 @@
+"""An item and the checks of what goes into a table.
+
+An item is a key, a priority, a draw count, the episodes it covers and its
+columns. A column is a run of step cells (NumPy arrays the trajectory
+writer made, shared by every item that covers them, never copied) or,
+squeezed, one cell. Item keys come from the operating system's generator
+(`secrets`), never from Python's global `random`, which user code may seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfreplay.compat.reverb.errors import SignatureError
+
+
+class Column(NamedTuple):
+    """One column of an item: its step cells, and whether it is one step without a time axis (`squeeze`)."""
+
+    cells: tuple
+    squeeze: bool
+
+    def value(self) -> np.ndarray:
+        return self.cells[0] if self.squeeze else np.stack(self.cells)
+
+    def shape(self) -> tuple:
+        step = tuple(self.cells[0].shape)
+        return step if self.squeeze else (len(self.cells),) + step
+
+
+@dataclasses.dataclass
+class Item:
+    key: int
+    priority: float
+    columns: tuple
+    times_sampled: int = 0
+    episodes: tuple = ()  # the episode ids (writer episodes) of the steps it covers
+
+
+class Ticket:
+    """An item on its way into a table (`_enqueue`); `done` once it is in."""
+
+    __slots__ = ("item", "done")
+
+    def __init__(self, item: Item):
+        self.item, self.done = item, False
+
+
+def new_key() -> int:
+    """A fresh 64-bit item key from the operating system's generator."""
+    return secrets.randbits(64)
+
+
+def check_key(where: str, key: Any) -> int:
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and 0 <= key < 2**64:
+        return int(key)
+    raise ValueError(f"{where}: key ({key!r}) must be an integer in [0, 2**64).")
+
+
+def check_priority(where: str, priority: Any, name: str = "priority") -> None:
+    ok = isinstance(priority, (int, float, np.number)) and not isinstance(priority, bool)
+    if not ok or not math.isfinite(priority) or priority < 0:
+        raise ValueError(f"{where}: {name} ({priority!r}) must be a finite number >= 0.")
+
+
+def check_columns(where: str, signature: Any, columns: Sequence[Column], step_shapes: bool = False) -> None:
+    """Raises `SignatureError` unless `columns` match the flattened `signature` in number, dtype and shape
+    (`step_shapes`: a column may also match by its step's shape, as Reverb's legacy writer and TF client read
+    the signature of items whose every column has a time axis)."""
+    if signature is None:
+        return
+    specs = tf.nest.flatten(signature)
+    if len(specs) != len(columns):
+        raise SignatureError(f"{where}: the item has {len(columns)} columns; the table's signature has {len(specs)}.")
+    for i, (spec, column) in enumerate(zip(specs, columns)):
+        dtype = tf.as_dtype(column.cells[0].dtype)
+        if dtype != spec.dtype:
+            raise SignatureError(
+                f"{where}: column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
+            )
+        shapes = [column.shape()] + ([tuple(column.cells[0].shape)] if step_shapes else [])
+        if not any(spec.shape.is_compatible_with(s) for s in shapes):
+            raise SignatureError(
+                f"{where}: column {i} has shape {column.shape()}; the signature expects {spec.shape.as_list()}."
+            )
