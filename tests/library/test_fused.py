@@ -355,6 +355,35 @@ def test_a_failed_fused_call_gives_its_samples_back():
     assert limiter.info().samples == 0
 
 
+def test_a_call_whose_step_fails_counts_the_samples_of_the_steps_that_ran():
+    """A step that raises at iteration 3 of 5: the two finished iterations' priority updates stay, and so do
+    their samples in the rate limiter; the three that did not run are given back."""
+    limiter = MinSize(2)
+    rb = TFPrioritizedReplayBuffer(SPEC, batch_size=2, max_length=50, seed=0, rate_limiter=limiter)
+    add(rb, 0, 4)
+    steps = tf.Variable(0)
+
+    def step(items, info):
+        done = steps.assign_add(1)
+        with tf.control_dependencies([tf.debugging.assert_none_equal(done % 10, 3, message="step 3 fails")]):
+            return {"ids": tf.identity(info.ids)}, tf.fill(tf.shape(info.ids), 5.0)
+
+    loop = TrainLoop(rb, step, 5, 4)
+    mass = float(rb.sampling_mass())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="step 3 fails"):
+        loop()
+    assert int(steps.numpy()) == 3
+    assert limiter.info().samples == 2 * 4  # the two iterations that ran
+    assert float(rb.sampling_mass()) > mass  # and their updates (priority 5 for the ids they drew)
+    steps.assign(5)
+    loop()  # steps 6 to 10: a call that runs through counts all of its samples
+    assert limiter.info().samples == 2 * 4 + 5 * 4
+    steps.assign(12)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="step 3 fails"):
+        loop()  # its first step fails: nothing ran
+    assert limiter.info().samples == 2 * 4 + 5 * 4
+
+
 def test_the_error_range_must_hold_a_call_and_a_closed_buffer_is_refused():
     rb = limited(SampleToInsertRatio(1.0, 4, 10.0))
     with pytest.raises(ValueError, match=r"TrainLoop \(steps_per_call \* sample_batch_size per call\): .* \(32\)"):

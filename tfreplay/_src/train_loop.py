@@ -15,7 +15,9 @@ samples, and the results, are those of the same number of separate
 A rate limiter admits a call as `steps_per_call * sample_batch_size` samples
 at once, before the loop runs (eagerly in Python, in a graph through the
 buffer's wait op), so the loop itself never waits and may be compiled with
-XLA; a call that fails eagerly gives its samples back, as `get_next` does.
+XLA. A call that fails eagerly gives back the samples of the iterations that
+did not finish; the finished ones keep their samples counted, as they keep
+their priority updates.
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ class TrainLoop:
                 type(buffer).__name__,
             )
         self._loop: Any = None  # traced at the first call
+        with tf.init_scope(), tf.device(buffer._twin.device):  # iterations finished by the last call
+            self._finished = tf.Variable(0, dtype=tf.int64, trainable=False, name="TrainLoop_finished")
 
     @property
     def buffer(self) -> Any:
@@ -166,7 +170,10 @@ class TrainLoop:
             self._loop = FlatCall(traced.get_concrete_function())
         gate = self._buffer._gate
         if tf.executing_eagerly():
-            out = self._loop() if gate.idle else gate.call(_WHERE, "sample", self._samples, self._loop)
+            if gate.idle:
+                out = self._loop()
+            else:
+                out = gate.call(_WHERE, "sample", self._samples, self._loop, used=self._used)
             metrics, drawn = out
             if self._jit and not bool(drawn):
                 raise EmptyBufferError(_EMPTY)
@@ -176,6 +183,10 @@ class TrainLoop:
         if not self._jit:
             return metrics
         return self._buffer._twin.check(drawn, metrics, _EMPTY)
+
+    def _used(self) -> int:
+        """The samples a failed call drew: those of its finished iterations."""
+        return int(self._finished.numpy()) * self._request.size
 
     # The graph.
     def _iteration(self) -> tuple[Nest, tf.Tensor]:
@@ -197,12 +208,15 @@ class TrainLoop:
                 metrics, ok = iteration()
             acc = tf.nest.map_structure(lambda a, m: _accumulate(self._metrics, a, m, i), acc, metrics)
             with tf.control_dependencies(tf.nest.flatten(metrics) + [ok]):
+                finished = self._finished.assign(tf.cast(i + 1, tf.int64), read_value=False)
+            with tf.control_dependencies([finished]):
                 return i + 1, acc, drawn & ok
 
+        first = tf.cast(self._finished.assign(0), tf.int32)  # 0, once the count of a failed call is reset
         _, acc, drawn = tf.while_loop(
             lambda i, acc, drawn: i < self._steps,
             body,
-            (tf.constant(0), init, tf.constant(True)),
+            (first, init, tf.constant(True)),
             parallel_iterations=1,  # each draw after the previous step's update: the unfused loop's samples
             maximum_iterations=self._steps,
         )
