@@ -18,6 +18,11 @@ buffer's wait op), so the loop itself never waits and may be compiled with
 XLA. A call that fails eagerly gives back the samples of the iterations that
 did not finish; the finished ones keep their samples counted, as they keep
 their priority updates.
+
+XLA has no mutex, so a compiled loop cannot take the buffer's lock inside
+it: the graph that calls the compiled function holds the lock around the
+call instead (after the rate limiter's wait), and writers on other threads
+wait for it, as they wait for each other.
 """
 
 from __future__ import annotations
@@ -88,10 +93,12 @@ class TrainLoop:
       jit_compile: compile the loop with XLA. Every sampler compiles; a
         prioritized buffer's sum tree then runs as array ops instead of its
         compiled op, which is slower (one warning says so), and draws other
-        numbers than outside XLA. XLA takes no lock, so no other thread may
-        add to the buffer during a call, and cannot refuse an empty sample:
-        a call that met one raises `EmptyBufferError` after it, its steps
-        done on zeros.
+        numbers than outside XLA. The buffer's lock is held around each
+        compiled call, so writers on other threads (`add_batch`, `clear`)
+        wait for the call to end and never tear its samples (a `TrainLoop`
+        called inside a `jit_compile` function of your own cannot take it).
+        XLA cannot refuse an empty sample: a call that met one raises
+        `EmptyBufferError` after it, its steps done on zeros.
 
     Raises:
       TypeError: a NumPy buffer (use its TF twin), a `step` that is not
@@ -167,6 +174,8 @@ class TrainLoop:
             # Called as a concrete function: tf.function's retracing warning counts the traces of one Python
             # function, and every TrainLoop's `_run` is one (a concrete function's calls are not counted).
             traced = tf.function(self._run, autograph=False, jit_compile=self._jit)
+            if self._jit:
+                traced = _locked(self._buffer, traced.get_concrete_function())
             self._loop = FlatCall(traced.get_concrete_function())
         gate = self._buffer._gate
         if tf.executing_eagerly():
@@ -221,6 +230,12 @@ class TrainLoop:
             maximum_iterations=self._steps,
         )
         return tf.nest.map_structure(lambda a: _finish(self._metrics, a, self._steps), acc), drawn
+
+
+def _locked(buffer: Any, compiled: Any) -> Any:
+    """A function that calls the compiled loop holding the buffer's lock: XLA has no mutex op, so the lock is
+    taken by the (uncompiled) graph around the call, and writers on other threads wait for it to end."""
+    return tf.function(lambda: buffer._twin.locked_call(compiled), autograph=False)
 
 
 @tf.autograph.experimental.do_not_convert
