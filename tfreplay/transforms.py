@@ -54,12 +54,12 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src import specs
 from tfreplay._src.hindsight import HindsightRelabel as HindsightRelabel
 from tfreplay._src.specs import Nest
 from tfreplay._src.transform import Lookup as Lookup
@@ -77,12 +77,6 @@ def _check_int(where: str, name: str, value: Any, least: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
         rule = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise ValueError(f"{where}: {name} ({value!r}) must be {rule}.")
-
-
-def _check_unit(where: str, name: str, value: Any) -> None:
-    ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not 0 <= value <= 1:
-        raise ValueError(f"{where}: {name} ({value!r}) must be a number in [0, 1].")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +113,7 @@ class NStepReturns(Transform):
 
     def __post_init__(self) -> None:
         _check_int("NStepReturns", "n", self.n, 1)
-        _check_unit("NStepReturns", "gamma", self.gamma)
+        specs.check_unit("NStepReturns", "gamma", self.gamma)
         for name in ("reward", "discount", "next_observation", "terminated", "truncated"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"NStepReturns: {name} ({getattr(self, name)!r}) must be a field name (str).")
@@ -242,7 +236,7 @@ def sequence_priorities(td_errors: Any, mask: Any, eta: float = 0.9) -> Any:
       `[B]` priorities, for `buffer.update_priorities(info.ids, ...)` (ids of
       the sequences' first items); NumPy when both inputs are, else a tensor.
     """
-    _check_unit("sequence_priorities", "eta", eta)
+    specs.check_unit("sequence_priorities", "eta", eta)
     if tuple(np.shape(td_errors)) != tuple(np.shape(mask)) or len(np.shape(mask)) != 2:
         raise ValueError(
             f"sequence_priorities: td_errors (shape {tuple(np.shape(td_errors))}) and mask "

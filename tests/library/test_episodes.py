@@ -10,7 +10,13 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from tfreplay import EpisodeRule, PyUniformReplayBuffer, TFUniformReplayBuffer
+from tfreplay import (
+    EpisodeRule,
+    PyPrioritizedReplayBuffer,
+    PyUniformReplayBuffer,
+    TFPrioritizedReplayBuffer,
+    TFUniformReplayBuffer,
+)
 
 SPEC = {"id": tf.TensorSpec([], tf.int64), "step_type": tf.TensorSpec([], tf.int32)}
 ENDS_SPEC = {"id": tf.TensorSpec([], tf.int64), "terminated": tf.TensorSpec([], tf.bool)}
@@ -112,6 +118,25 @@ def test_a_spec_without_boundaries_refuses_the_option():
     assert {tuple(w) for w in np.asarray(items["id"]).tolist()} == {(0, 3), (3, 4)}
     with pytest.raises(TypeError, match="episode end field 'id' \\(int64\\) must be tf.bool"):
         PyUniformReplayBuffer(spec, batch_size=1, max_length=4, episode_rule=EpisodeRule(ends=("id",)))
+
+
+@pytest.mark.parametrize(
+    "cls", [TFUniformReplayBuffer, PyUniformReplayBuffer, TFPrioritizedReplayBuffer, PyPrioritizedReplayBuffer]
+)
+def test_gather_all_is_batch_size_by_time_as_without_the_option(cls):
+    """`within_episodes` changes which windows are drawn, not what is stored: `gather_all` is every stored item,
+    `[batch_size, time, ...]`, oldest first, through wrap-around too."""
+    rng = np.random.default_rng(4)
+    streams = [episodes_stream(rng, 17, 5) for _ in range(3)]
+    within = cls(SPEC, batch_size=3, max_length=12, within_episodes=True)
+    plain = cls(SPEC, batch_size=3, max_length=12)
+    for t in range(17):
+        for rb in (within, plain):
+            rb.add_batch({"id": t * 3 + np.arange(3), "step_type": np.array([s[0][t] for s in streams], np.int32)})
+    everything = tf.nest.map_structure(np.asarray, within.gather_all())
+    assert everything["id"].shape == (3, 12) and everything["step_type"].shape == (3, 12)
+    np.testing.assert_array_equal(everything["id"], np.arange(5, 17)[None, :] * 3 + np.arange(3)[:, None])
+    tf.nest.map_structure(np.testing.assert_array_equal, everything, plain.gather_all())
 
 
 def test_the_twins_agree_on_the_index_through_wrap_around():

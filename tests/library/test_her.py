@@ -297,6 +297,17 @@ def test_bad_arguments_are_refused_at_construction(kwargs, error, match):
         HindsightRelabel(**{"reward_fn": reached, **kwargs})
 
 
+@pytest.mark.parametrize("ratio", [np.float32(0.5), np.float64(0.5), np.int64(1), np.float16(0.0)])
+@pytest.mark.parametrize("name", ["tf-uniform", "py-uniform"])
+def test_numpy_numbers_are_relabel_ratios(name, ratio):
+    """A NumPy scalar is a number, as `NStepReturns` takes for `gamma`: it draws as the same Python number."""
+    streams = Streams(np.random.default_rng(3), num=2, length=20, max_episode=5, max_length=20)
+    samples = [draw(streams.fill(CLASSES[name], seed=4), her("future", r), 200) for r in (ratio, ratio.item())]
+    tf.nest.map_structure(np.testing.assert_array_equal, samples[0], samples[1])
+    with pytest.raises(ValueError, match=r"relabel_ratio \(np.float32\(1.5\)\) must be a number in \[0, 1\]"):
+        her("future", np.float32(1.5))
+
+
 @pytest.mark.parametrize("name", ["tf-uniform", "py-uniform"])
 def test_bad_buffers_are_refused_when_asked(name):
     cls = CLASSES[name]

@@ -99,10 +99,10 @@ SOAK_SECONDS = float(os.environ.get("TFREPLAY_SOAK_SECONDS", "6"))  # per buffer
 MIN_CYCLES = 4  # iterators made, read once and dropped, however slow the machine
 
 
-def run_pattern(rb, add, seconds: float, size: int, check) -> int:
+def run_pattern(rb, add, seconds: float, size: int, check, cycles: int = MIN_CYCLES, also=None) -> int:
     """Three collectors call `add()` in turn while the main thread keeps making `as_dataset(...).prefetch(8)`
-    iterators, reading one element and dropping them, for `seconds` and at least `MIN_CYCLES` times; returns how
-    many iterators it dropped. `check` sees every element read."""
+    iterators, reading one element and dropping them, for `seconds` and at least `cycles` times, calling `also()`
+    after each; returns how many iterators it dropped. `check` sees every element read."""
     stop, errors = threading.Event(), []
 
     def collector() -> None:
@@ -117,11 +117,13 @@ def run_pattern(rb, add, seconds: float, size: int, check) -> int:
         thread.start()
     dropped, deadline = 0, time.monotonic() + seconds
     try:
-        while (time.monotonic() < deadline or dropped < MIN_CYCLES) and not errors:
+        while (time.monotonic() < deadline or dropped < cycles) and not errors:
             iterator = iter(rb.as_dataset(size, num_parallel_calls=4).prefetch(8))
             check(*next(iterator))
             del iterator
             dropped += 1
+            if also is not None:
+                also()
     finally:
         stop.set()
         for thread in threads:
@@ -131,28 +133,67 @@ def run_pattern(rb, add, seconds: float, size: int, check) -> int:
     return dropped
 
 
+def soaked(name: str):
+    """`(buffer, add, check)` of the soak: collectors that take turns, so step k lands in ring row k (the
+    model's layout), and a check that raises if an item's leaves come from different writes or another id."""
+    kind, batch_size, max_length = KINDS[name], 2, 256  # small enough to wrap many times
+    rb = kind.make(batch_size, max_length, seed=1)
+    lock, num_adds = threading.Lock(), [0]
+
+    def add() -> None:
+        with lock:  # samples do not wait for it
+            k = num_adds[0]
+            rb.add_batch(kind.items(k * batch_size + np.arange(batch_size), batch_size))
+            num_adds[0] = k + 1
+
+    def check(items, info) -> None:
+        np.testing.assert_array_equal(kind.decode(items, batch_size).reshape(-1), np.asarray(info.ids).reshape(-1))
+
+    def check_all() -> int:  # every add landed once, in its own rows; returns how many
+        want = kind.all_ids(batch_size, max_length, num_adds[0])
+        np.testing.assert_array_equal(kind.decode(rb.gather_all(), batch_size), want)
+        return num_adds[0]
+
+    add()
+    return rb, add, check, check_all
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_dropping_iterators_while_collectors_add_loses_and_tears_nothing(name):
     """The pattern that lost inserts and returned torn samples when samples waited on the mutex (three writers,
     samples large enough to overlap their writes): every add lands once, in its own rows, and every sample's
     items are whole and the ones its ids name. `TFREPLAY_SOAK_SECONDS` sets how long each buffer soaks."""
-    kind, batch_size, max_length = KINDS[name], 2, 256  # small enough to wrap many times
-    rb = kind.make(batch_size, max_length, seed=1)
-    lock, num_adds = threading.Lock(), [0]
-
-    def add() -> None:
-        with lock:  # collectors take turns, so step k lands in ring row k (the model's layout); samples do not wait
-            k = num_adds[0]
-            rb.add_batch(kind.items(k * batch_size + np.arange(batch_size), batch_size))
-            num_adds[0] = k + 1
-
-    def check(items, info) -> None:  # raises if an item's leaves come from different writes
-        np.testing.assert_array_equal(kind.decode(items, batch_size).reshape(-1), np.asarray(info.ids).reshape(-1))
-
-    add()
+    rb, add, check, check_all = soaked(name)
     dropped = run_pattern(rb, add, SOAK_SECONDS, 1024, check)
     assert dropped >= MIN_CYCLES
-    want = kind.all_ids(batch_size, max_length, num_adds[0])
-    np.testing.assert_array_equal(kind.decode(rb.gather_all(), batch_size), want)
-    print(f"{name}: {num_adds[0]} adds of {batch_size} whole, {dropped} iterators dropped, none torn")  # with -s
+    print(f"{name}: {check_all()} adds of 2 whole, {dropped} iterators dropped, none torn")  # with -s
+
+
+XLA_SOAK_CYCLES = int(os.environ.get("TFREPLAY_XLA_SOAK_CYCLES", "12"))  # raise it for a longer soak
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name in sorted(KINDS) if KINDS[name].is_tf])
+def test_dropping_iterators_beside_compiled_train_loop_calls_loses_and_tears_nothing(name):
+    """The same pattern with XLA samples as well: after each dropped iterator a `TrainLoop(jit_compile=True)`
+    call draws 4 samples of 64, which hold the buffer's lock while the collectors add. Sized by count:
+    `TFREPLAY_XLA_SOAK_CYCLES` iterators dropped and compiled calls."""
+    rb, add, check, check_all = soaked(name)
+    prioritized = hasattr(rb, "update_priorities")
+
+    def step(items, info):
+        return ((items, info.ids), None) if prioritized else (items, info.ids)
+
+    loop = tfreplay.TrainLoop(rb, step, 4, 64, metrics="stack", jit_compile=True)
+    calls = [0]
+
+    def compiled() -> None:
+        items, ids = loop()
+        flat = tf.nest.map_structure(lambda x: tf.reshape(x, [-1, *x.shape[2:]]), items)  # [steps * 64, ...]
+        check(flat, tfreplay.BufferInfo(ids, None))
+        calls[0] += 1
+
+    dropped = run_pattern(rb, add, 0.0, 1024, check, cycles=XLA_SOAK_CYCLES, also=compiled)
+    assert dropped == calls[0] == XLA_SOAK_CYCLES
+    print(f"{name}: {check_all()} adds of 2 whole, {dropped} iterators dropped, {calls[0]} compiled calls, none torn")

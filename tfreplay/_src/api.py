@@ -208,7 +208,9 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
         )
 
     def gather_all(self) -> Nest:
-        """Every stored item, shaped `[batch_size, time, ...]`, oldest first."""
+        """Every stored item, shaped `[batch_size, time, ...]` (a row per segment, oldest first), whatever
+        windows the buffer samples (`within_episodes` too). Frame buffers, whose items are built from
+        frames, return every valid transition instead: `[num_transitions, ...]`, segment by segment."""
         return self._gather_all()
 
     def clear(self) -> Any:

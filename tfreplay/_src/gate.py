@@ -26,6 +26,10 @@ def _run(fn: Callable[[], Any]) -> Any:
     return fn()
 
 
+def _none() -> int:
+    return 0
+
+
 _POLL = 0.1  # seconds a dataset's tick waits before it lets tf.data look again (so an iterator can be deleted)
 
 
@@ -61,21 +65,35 @@ class Gate:
             )
 
     def call(
-        self, where: str, side: str, n: int, fn: Callable[[], Any], exclusive: Callable[[Callable], Any] = _run
+        self,
+        where: str,
+        side: str,
+        n: int,
+        fn: Callable[[], Any],
+        exclusive: Callable[[Callable], Any] = _run,
+        used: Callable[[], int] = _none,
     ) -> Any:
         """`exclusive(fn)` (one eager call of `n` items; `exclusive` runs it under the buffer's lock), once the
-        limiter admits it; its items settle when it ends."""
+        limiter admits it; its items settle when it ends (`used`: see `settled`)."""
         self.check_open(where)
         if self.limiter is None:
             return exclusive(fn)
         timeout = self.limiter.insert_timeout if side == "insert" else self.limiter.sample_timeout
         self.limiter._admit(where, side, n, timeout)
-        return self.settled(side, n, fn, exclusive)
+        return self.settled(side, n, fn, exclusive, used)
 
-    def settled(self, side: str, n: int, fn: Callable[[], Any], exclusive: Callable[[Callable], Any] = _run) -> Any:
+    def settled(
+        self,
+        side: str,
+        n: int,
+        fn: Callable[[], Any],
+        exclusive: Callable[[Callable], Any] = _run,
+        used: Callable[[], int] = _none,
+    ) -> Any:
         """`exclusive(fn)` for `n` items already admitted (a dataset tick); they settle when it ends. A call
         that succeeds settles inside `exclusive`, so a checkpoint taken under the same lock (the NumPy twin's)
-        holds the written rows and their count together."""
+        holds the written rows and their count together. A call that fails gives back its items but `used()`,
+        the samples it drew before it failed (a fused loop's finished iterations, whose updates stay)."""
         limiter = self.limiter
         if limiter is None:
             return exclusive(fn)
@@ -88,7 +106,7 @@ class Gate:
         try:
             return exclusive(counted)
         except BaseException:
-            limiter._settle(side, n, False)
+            limiter._settle(side, n - used(), False)
             raise
 
     def admit_op(self, where: str, side: str, n: int) -> list:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -78,10 +77,7 @@ class HindsightRelabel(Transform):
             raise TypeError(f"{where}: reward_fn ({self.reward_fn!r}) must be callable: (achieved, desired) -> reward.")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"{where}: strategy ({self.strategy!r}) must be one of {', '.join(STRATEGIES)}.")
-        ratio = self.relabel_ratio
-        number = isinstance(ratio, (int, float)) and not isinstance(ratio, bool)
-        if not number or not math.isfinite(ratio) or not 0 <= ratio <= 1:
-            raise ValueError(f"{where}: relabel_ratio ({ratio!r}) must be a number in [0, 1].")
+        specs.check_unit(where, "relabel_ratio", self.relabel_ratio)
         for name in ("achieved_goal", "reward"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"{where}: {name} ({getattr(self, name)!r}) must be a field path (str).")

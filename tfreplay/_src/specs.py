@@ -8,6 +8,7 @@ nest (`observation/pixels`), so a user sees which field is wrong.
 from __future__ import annotations
 
 import collections.abc
+import math
 import warnings
 from typing import Any, Sequence
 
@@ -92,6 +93,13 @@ def check_positive_int(where: str, name: str, value: Any, allow_none: bool = Fal
     ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
     if not ok:
         raise ValueError(f"{where}: {name} ({value!r}) must be a positive integer.")
+
+
+def check_unit(where: str, name: str, value: Any) -> None:
+    """Raises `ValueError` unless `value` is a Python or NumPy real number in [0, 1] (a probability, a discount)."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or not 0 <= value <= 1:
+        raise ValueError(f"{where}: {name} ({value!r}) must be a number in [0, 1].")
 
 
 def static_int(where: str, name: str, value: Any) -> Any:

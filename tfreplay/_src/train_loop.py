@@ -15,7 +15,14 @@ samples, and the results, are those of the same number of separate
 A rate limiter admits a call as `steps_per_call * sample_batch_size` samples
 at once, before the loop runs (eagerly in Python, in a graph through the
 buffer's wait op), so the loop itself never waits and may be compiled with
-XLA; a call that fails eagerly gives its samples back, as `get_next` does.
+XLA. A call that fails eagerly gives back the samples of the iterations that
+did not finish; the finished ones keep their samples counted, as they keep
+their priority updates.
+
+XLA has no mutex, so a compiled loop cannot take the buffer's lock inside
+it: the graph that calls the compiled function holds the lock around the
+call instead (after the rate limiter's wait), and writers on other threads
+wait for it, as they wait for each other.
 """
 
 from __future__ import annotations
@@ -86,10 +93,12 @@ class TrainLoop:
       jit_compile: compile the loop with XLA. Every sampler compiles; a
         prioritized buffer's sum tree then runs as array ops instead of its
         compiled op, which is slower (one warning says so), and draws other
-        numbers than outside XLA. XLA takes no lock, so no other thread may
-        add to the buffer during a call, and cannot refuse an empty sample:
-        a call that met one raises `EmptyBufferError` after it, its steps
-        done on zeros.
+        numbers than outside XLA. The buffer's lock is held around each
+        compiled call, so writers on other threads (`add_batch`, `clear`)
+        wait for the call to end and never tear its samples (a `TrainLoop`
+        called inside a `jit_compile` function of your own cannot take it).
+        XLA cannot refuse an empty sample: a call that met one raises
+        `EmptyBufferError` after it, its steps done on zeros.
 
     Raises:
       TypeError: a NumPy buffer (use its TF twin), a `step` that is not
@@ -136,6 +145,8 @@ class TrainLoop:
                 type(buffer).__name__,
             )
         self._loop: Any = None  # traced at the first call
+        with tf.init_scope(), tf.device(buffer._twin.device):  # iterations finished by the last call
+            self._finished = tf.Variable(0, dtype=tf.int64, trainable=False, name="TrainLoop_finished")
 
     @property
     def buffer(self) -> Any:
@@ -163,10 +174,15 @@ class TrainLoop:
             # Called as a concrete function: tf.function's retracing warning counts the traces of one Python
             # function, and every TrainLoop's `_run` is one (a concrete function's calls are not counted).
             traced = tf.function(self._run, autograph=False, jit_compile=self._jit)
+            if self._jit:
+                traced = _locked(self._buffer, traced.get_concrete_function())
             self._loop = FlatCall(traced.get_concrete_function())
         gate = self._buffer._gate
         if tf.executing_eagerly():
-            out = self._loop() if gate.idle else gate.call(_WHERE, "sample", self._samples, self._loop)
+            if gate.idle:
+                out = self._loop()
+            else:
+                out = gate.call(_WHERE, "sample", self._samples, self._loop, used=self._used)
             metrics, drawn = out
             if self._jit and not bool(drawn):
                 raise EmptyBufferError(_EMPTY)
@@ -176,6 +192,10 @@ class TrainLoop:
         if not self._jit:
             return metrics
         return self._buffer._twin.check(drawn, metrics, _EMPTY)
+
+    def _used(self) -> int:
+        """The samples a failed call drew: those of its finished iterations."""
+        return int(self._finished.numpy()) * self._request.size
 
     # The graph.
     def _iteration(self) -> tuple[Nest, tf.Tensor]:
@@ -197,16 +217,25 @@ class TrainLoop:
                 metrics, ok = iteration()
             acc = tf.nest.map_structure(lambda a, m: _accumulate(self._metrics, a, m, i), acc, metrics)
             with tf.control_dependencies(tf.nest.flatten(metrics) + [ok]):
+                finished = self._finished.assign(tf.cast(i + 1, tf.int64), read_value=False)
+            with tf.control_dependencies([finished]):
                 return i + 1, acc, drawn & ok
 
+        first = tf.cast(self._finished.assign(0), tf.int32)  # 0, once the count of a failed call is reset
         _, acc, drawn = tf.while_loop(
             lambda i, acc, drawn: i < self._steps,
             body,
-            (tf.constant(0), init, tf.constant(True)),
+            (first, init, tf.constant(True)),
             parallel_iterations=1,  # each draw after the previous step's update: the unfused loop's samples
             maximum_iterations=self._steps,
         )
         return tf.nest.map_structure(lambda a: _finish(self._metrics, a, self._steps), acc), drawn
+
+
+def _locked(buffer: Any, compiled: Any) -> Any:
+    """A function that calls the compiled loop holding the buffer's lock: XLA has no mutex op, so the lock is
+    taken by the (uncompiled) graph around the call, and writers on other threads wait for it to end."""
+    return tf.function(lambda: buffer._twin.locked_call(compiled), autograph=False)
 
 
 @tf.autograph.experimental.do_not_convert

@@ -2,7 +2,8 @@
 
 Writes run in one `tf.CriticalSection`; samples read without it, drawn again
 under it when a write may have torn them (`versioned.py`). XLA has no mutex:
-under `jit_compile` the caller must not race; XLA cannot raise either, so
+under `jit_compile` the caller must not race (`TrainLoop` holds the lock
+around its compiled call, `locked_call`); XLA cannot raise either, so
 there an empty buffer's samples carry probability 0. Eager calls go through
 concrete functions traced once per kind of call. What a buffer asks of a
 twin is listed in `buffer.py`.

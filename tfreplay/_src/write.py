@@ -172,9 +172,10 @@ def valid_starts(parts: Parts, n: int, aligned: bool) -> tuple[Any, Any]:
 
 
 def gather_all(parts: Parts) -> Any:
-    """Every stored item (`[batch_size, time, ...]`), or through the index every valid window of one."""
+    """Every stored item (`[batch_size, time, ...]`, whatever the sampler's windows), or for frames every valid
+    transition (`[num_transitions, ...]`, built through the index)."""
     ops, storage = parts.ops, parts.storage
-    if parts.window is None:
+    if storage.window.lead == 0:  # rows are the items
         rows, _ = ring.all_rows(ops.read(parts.num_adds), parts.max_length, parts.num_segments, ops)
         return storage.read(rows, None, ops)
     segment, t = valid_starts(parts, 1, aligned=False)
