@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -95,14 +94,14 @@ def test_no_sample_graph_waits_on_the_buffer_mutex(kind, size):
     assert "MutexLock" in op_types(add)
 
 
-SOAK_SECONDS = float(os.environ.get("TFREPLAY_SOAK_SECONDS", "6"))  # per buffer; raise it for a longer soak
-MIN_CYCLES = 4  # iterators made, read once and dropped, however slow the machine
+# Iterators made, read once and dropped per buffer (a count, not a time); raise it for a longer soak.
+SOAK_ITERATORS = int(os.environ.get("TFREPLAY_SOAK_ITERATORS", "8"))
 
 
-def run_pattern(rb, add, seconds: float, size: int, check, cycles: int = MIN_CYCLES, also=None) -> int:
-    """Three collectors call `add()` in turn while the main thread keeps making `as_dataset(...).prefetch(8)`
-    iterators, reading one element and dropping them, for `seconds` and at least `cycles` times, calling `also()`
-    after each; returns how many iterators it dropped. `check` sees every element read."""
+def run_pattern(rb, add, size: int, check, cycles: int = SOAK_ITERATORS, also=None) -> int:
+    """Three collectors call `add()` in turn while the main thread makes `cycles` `as_dataset(...).prefetch(8)`
+    iterators, reading one element of each and dropping it, calling `also()` after each; returns how many
+    iterators it dropped. `check` sees every element read."""
     stop, errors = threading.Event(), []
 
     def collector() -> None:
@@ -115,9 +114,9 @@ def run_pattern(rb, add, seconds: float, size: int, check, cycles: int = MIN_CYC
     threads = [threading.Thread(target=collector, daemon=True) for _ in range(3)]
     for thread in threads:
         thread.start()
-    dropped, deadline = 0, time.monotonic() + seconds
+    dropped = 0
     try:
-        while (time.monotonic() < deadline or dropped < cycles) and not errors:
+        while dropped < cycles and not errors:
             iterator = iter(rb.as_dataset(size, num_parallel_calls=4).prefetch(8))
             check(*next(iterator))
             del iterator
@@ -163,14 +162,12 @@ def soaked(name: str):
 def test_dropping_iterators_while_collectors_add_loses_and_tears_nothing(name):
     """The pattern that lost inserts and returned torn samples when samples waited on the mutex (three writers,
     samples large enough to overlap their writes): every add lands once, in its own rows, and every sample's
-    items are whole and the ones its ids name. `TFREPLAY_SOAK_SECONDS` sets how long each buffer soaks."""
+    items are whole and the ones its ids name. `TFREPLAY_SOAK_ITERATORS` sets how many iterators each buffer
+    drops."""
     rb, add, check, check_all = soaked(name)
-    dropped = run_pattern(rb, add, SOAK_SECONDS, 1024, check)
-    assert dropped >= MIN_CYCLES
+    dropped = run_pattern(rb, add, 1024, check)
+    assert dropped == SOAK_ITERATORS
     print(f"{name}: {check_all()} adds of 2 whole, {dropped} iterators dropped, none torn")  # with -s
-
-
-XLA_SOAK_CYCLES = int(os.environ.get("TFREPLAY_XLA_SOAK_CYCLES", "12"))  # raise it for a longer soak
 
 
 @pytest.mark.slow
@@ -178,7 +175,7 @@ XLA_SOAK_CYCLES = int(os.environ.get("TFREPLAY_XLA_SOAK_CYCLES", "12"))  # raise
 def test_dropping_iterators_beside_compiled_train_loop_calls_loses_and_tears_nothing(name):
     """The same pattern with XLA samples as well: after each dropped iterator a `TrainLoop(jit_compile=True)`
     call draws 4 samples of 64, which hold the buffer's lock while the collectors add. Sized by count:
-    `TFREPLAY_XLA_SOAK_CYCLES` iterators dropped and compiled calls."""
+    `TFREPLAY_SOAK_ITERATORS` iterators dropped and compiled calls."""
     rb, add, check, check_all = soaked(name)
     prioritized = hasattr(rb, "update_priorities")
 
@@ -194,6 +191,6 @@ def test_dropping_iterators_beside_compiled_train_loop_calls_loses_and_tears_not
         check(flat, tfreplay.BufferInfo(ids, None))
         calls[0] += 1
 
-    dropped = run_pattern(rb, add, 0.0, 1024, check, cycles=XLA_SOAK_CYCLES, also=compiled)
-    assert dropped == calls[0] == XLA_SOAK_CYCLES
+    dropped = run_pattern(rb, add, 1024, check, also=compiled)
+    assert dropped == calls[0] == SOAK_ITERATORS
     print(f"{name}: {check_all()} adds of 2 whole, {dropped} iterators dropped, {calls[0]} compiled calls, none torn")
