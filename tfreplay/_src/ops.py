@@ -3,12 +3,13 @@
 Every concept of the core (ring, episode index, samplers, storage) is written
 once against an `ops` namespace, so the NumPy twin runs the same lines on
 arrays that the TF twin runs on tensors, in graphs and under XLA. Stateful
-operations (`scatter`, `assign`, `bin_add`) act on a NumPy array in place or
-on a `tf.Variable`, returning the update op; `after(updates, fn)` orders what
-follows after them (a no-op for NumPy), and `commit(reads, steps, result)`
-runs a write's steps in order, all of them or none (see `_np_commit`). `rare(common, then, otherwise)` is a
-`cond` whose `otherwise` is rarely taken (a fallback): in a graph it stays
-one functional `If`, whose cost does not grow with the fallback's ops.
+operations (`scatter`, `assign`) act on a NumPy array in place or on a
+`tf.Variable`, returning the update op (`bin_add` returns the step that does
+it); `after(updates, fn)` orders what follows after them (a no-op for NumPy),
+and `commit(reads, steps, result)` runs a write's steps in order, all of
+them or none (see `_np_commit`). `rare(common, then, otherwise)` is a `cond`
+whose `otherwise` is rarely taken (a fallback): in a graph it stays one
+functional `If`, whose cost does not grow with the fallback's ops.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def _np_commit(reads: list, steps: list, result: Callable[[], Any]) -> Any:
 
     Before its steps a write only reads (`reads`) and computes, so an exception there changes nothing. Each
     step assigns values computed before the first step (never `+=`), so it may run again: an exception during
-    the steps finishes them, the interrupted one again, before it goes on. (Deferring SIGINT instead would
-    cover Ctrl-C alone, on the main thread alone, and cost two `signal.signal` calls per write.)
+    the steps finishes them, the interrupted one again, before it goes on (a second exception while they
+    finish, Ctrl-C twice within microseconds, goes on at once). Deferring SIGINT instead would cover Ctrl-C
+    alone, on the main thread alone, and cost two `signal.signal` calls per write.
     """
     done = 0
     try:
