@@ -277,33 +277,15 @@ def interruptible(kind, name: str):
     return calls[name]
 
 
-TORN_BY_AN_INTERRUPT = pytest.mark.xfail(
-    strict=True,
-    reason="a NumPy twin's add_batch interrupted after its rows are written but before its index or sum tree "
-    "is: an episode's transitions go missing, or the new items keep priority 0",
-)
 # Reads take the twin's lock (a TF CriticalSection, a Python lock) the same way whatever the sampler: they are
 # interrupted on the uniform and frame buffers. Writes change what each storage and sampler keep: on all.
 READS = ["gather_all", "num_frames", "sampling_mass", "get_next"]
 INTERRUPTED_CALLS = [
-    pytest.param(kind, name, marks=[TORN_BY_AN_INTERRUPT] if (name, kind.name) in TORN else [])
+    (kind, name)
     for kind in KINDS.values()
     for name in ([] if kind.prioritized else READS + ["num_transitions"] * bool(kind.history_len))
     + ["add_batch"]
     + ["update_priorities"] * kind.prioritized
-    for TORN in [
-        {
-            ("add_batch", name)
-            for name in (
-                "py-frame",
-                "py-prioritized",
-                "py-prioritized-frame",
-                "py-frame-memmap",
-                "py-prioritized-memmap",
-                "py-prioritized-frame-memmap",
-            )
-        }
-    ]
 ]
 
 

@@ -3,11 +3,13 @@
 Every concept of the core (ring, episode index, samplers, storage) is written
 once against an `ops` namespace, so the NumPy twin runs the same lines on
 arrays that the TF twin runs on tensors, in graphs and under XLA. Stateful
-operations (`scatter`, `assign`, `bin_add`) act on a NumPy array in place or
-on a `tf.Variable`, returning the update op; `after(updates, fn)` orders what
-follows after them (a no-op for NumPy). `rare(common, then, otherwise)` is a
-`cond` whose `otherwise` is rarely taken (a fallback): in a graph it stays
-one functional `If`, whose cost does not grow with the fallback's ops.
+operations (`scatter`, `assign`) act on a NumPy array in place or on a
+`tf.Variable`, returning the update op (`bin_add` returns the step that does
+it); `after(updates, fn)` orders what follows after them (a no-op for NumPy),
+and `commit(reads, steps, result)` runs a write's steps in order, all of
+them or none (see `_np_commit`). `rare(common, then, otherwise)` is a `cond`
+whose `otherwise` is rarely taken (a fallback): in a graph it stays one
+functional `If`, whose cost does not grow with the fallback's ops.
 """
 
 from __future__ import annotations
@@ -68,13 +70,52 @@ def _np_assign(array: np.ndarray, value: Any) -> None:
     array[...] = value
 
 
-def _np_bin_add(counts: np.ndarray, first: np.ndarray, second: np.ndarray, weights: np.ndarray) -> None:
-    np.add.at(counts, (first, second), weights)
+def _np_bin_add(counts: np.ndarray, first: np.ndarray, second: np.ndarray, weights: np.ndarray) -> Callable:
+    """The step that adds `weights` to the cells `(first, second)` of `counts`: the counts after it are taken
+    now, so the step only copies them in and running it again changes nothing (see `_np_commit`)."""
+    after = counts.copy()  # a few KiB per segment, cheaper than summing duplicate cells apart
+    np.add.at(after, (first, second), weights)
+    return lambda: np.copyto(counts, after)
 
 
-def _tf_bin_add(counts: tf.Variable, first: tf.Tensor, second: tf.Tensor, weights: tf.Tensor) -> Any:
+def _tf_bin_add(counts: tf.Variable, first: tf.Tensor, second: tf.Tensor, weights: tf.Tensor) -> Callable:
+    """The step that adds `weights` to the cells `(first, second)` of `counts` (its op made where it runs)."""
     at = tf.stack([tf.reshape(first, [-1]), tf.reshape(second, [-1])], 1)
-    return counts.scatter_nd_add(at, tf.reshape(weights, [-1]))
+    return lambda: counts.scatter_nd_add(at, tf.reshape(weights, [-1]))
+
+
+def _np_commit(reads: list, steps: list, result: Callable[[], Any]) -> Any:
+    """Runs a NumPy write's `steps` in order, then returns `result()`: all of them or none, whatever exception
+    lands in the write (Ctrl-C's `KeyboardInterrupt` may come between any two bytecodes of the main thread).
+
+    Before its steps a write only reads (`reads`) and computes, so an exception there changes nothing. Each
+    step assigns values computed before the first step (never `+=`), so it may run again: an exception during
+    the steps finishes them, the interrupted one again, before it goes on (a second exception while they
+    finish, Ctrl-C twice within microseconds, goes on at once). Deferring SIGINT instead would cover Ctrl-C
+    alone, on the main thread alone, and cost two `signal.signal` calls per write.
+    """
+    done = 0
+    try:
+        for step in steps:
+            step()
+            done += 1
+    except BaseException:
+        for step in steps[done:]:
+            step()
+        raise
+    return result()
+
+
+def _tf_commit(reads: list, steps: list, result: Callable[[], Any]) -> Any:
+    """`result()` after every step's updates, each step after the reads or the updates of the step before
+    (a graph runs them all or none)."""
+    deps: list = list(reads)
+    made: list = []
+    for step in steps:
+        out = _tf_after(deps, step)
+        out = list(out) if isinstance(out, (list, tuple)) else [out]
+        deps, made = out or deps, made + out
+    return _tf_after(made, result)
 
 
 def _tf_after(updates: list, fn: Callable[[], Any]) -> Any:
@@ -173,6 +214,7 @@ NUMPY_OPS = types.SimpleNamespace(
     assign=_np_assign,
     bin_add=_np_bin_add,
     after=lambda updates, fn: fn(),
+    commit=_np_commit,
     cond=lambda pred, true_fn, false_fn: true_fn() if pred else false_fn(),
     rare=lambda common, then, otherwise: then() if common else otherwise(),
     loop=_np_loop,
@@ -233,6 +275,7 @@ TF_OPS = types.SimpleNamespace(
     assign=lambda v, value: v.assign(value),
     bin_add=_tf_bin_add,
     after=_tf_after,
+    commit=_tf_commit,
     cond=tf.cond,
     rare=_tf_rare,  # a cond whose second branch is rarely taken
     loop=lambda cond, body, state, most: tf.while_loop(cond, body, state, maximum_iterations=most),

@@ -5,7 +5,10 @@
 segment's newest item), the sampler's rows. Reads come first, then every
 write, then the counters move, then the sampler's rows: a priority update
 that takes no buffer lock (the TF twin's compiled one) then finds an
-overwritten item stale before its row gets the new item's priority.
+overwritten item stale before its row gets the new item's priority. The
+writes are the steps of one `ops.commit`, each assigning values computed
+before the first, so a NumPy write an exception (Ctrl-C) interrupts anywhere
+is whole or undone (see `ops._np_commit`).
 """
 
 from __future__ import annotations
@@ -77,18 +80,25 @@ def write(parts: Parts, leaves: list, num_new: int, segments: Any = None) -> Any
         rows = ops.reshape(rows, [-1])
     index = _index_updates(parts, leaves, num_new, seg, n, local, rows, skip) if parts.rule is not None else None
     kept = leaves if not skip else [x[skip * len(seg) :] for x in leaves]
+    # The index's bin counts change by a step made now (NumPy: their sums taken before any write).
+    add_bins = (lambda: None) if index is None else ops.bin_add(parts.pos_counts, *index[1], index[2])
 
     def writes() -> list:
         updates = parts.storage.write(rows, kept, ops)
         if index is not None:
-            pos, bins, weights, newest = index
+            pos, _, _, newest = index
             updates.append(ops.scatter(parts.pos, rows, ops.to_int32(ops.reshape(pos, [-1]))))
-            updates.append(ops.bin_add(parts.pos_counts, bins[0], bins[1], weights))
+            updates.append(add_bins())
             if segments is None:
                 updates.append(ops.assign(parts.newest, newest))
             else:
                 updates.append(ops.scatter(parts.newest, segments, newest))
         return updates
+
+    def move() -> Any:
+        if segments is None:
+            return ops.assign(parts.num_adds, adds + num_new)
+        return ops.scatter(parts.num_adds, segments, n + num_new)
 
     def sampler_writes() -> list:
         # Rows that can never start a window (a frame buffer's first frames), for samplers that weigh rows.
@@ -97,13 +107,7 @@ def write(parts: Parts, leaves: list, num_new: int, segments: Any = None) -> Any
         return parts.sampler.on_write(ops, rows, startable)
 
     reads = [rows] + ([] if index is None else [index[0], *index[1], *index[2:]])  # every read before any write
-    updates = ops.after(reads, writes)
-    if segments is None:
-        moved = ops.after(updates, lambda: ops.assign(parts.num_adds, adds + num_new))
-    else:
-        moved = ops.after(updates, lambda: ops.scatter(parts.num_adds, segments, n + num_new))
-    sampled = ops.after([moved], sampler_writes)
-    return ops.after([moved, *sampled], lambda: ops.read(parts.num_adds))
+    return ops.commit(reads, [writes, move, sampler_writes], lambda: ops.read(parts.num_adds))
 
 
 def _index_updates(

@@ -129,7 +129,8 @@ class SamplerBase:
 
     def on_write(self, ops: Any, rows: Any, startable: Any = None) -> list:
         """Update ops (or `[]`) for storage `rows` just written; `startable` says per row whether it can ever
-        start a window (False: a frame buffer's first frames), or is None (all can)."""
+        start a window (False: a frame buffer's first frames), or is None (all can). A step of the write's
+        `ops.commit`: on NumPy arrays it may run again after an interrupt, so it sets values, never adds to them."""
         return []
 
     def sample(self, view: View, size: int, num_steps: int | None) -> tuple[Any, Any, Any, Any]:
