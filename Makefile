@@ -108,7 +108,7 @@ docs: $(VENV)/.installed-docs
 # package index), used from a folder outside the checkout: import tfreplay, the README's quick start,
 # `tfreplay-demo --steps=2000`, and the compiled sum tree loading with no compiler on PATH. Prints what it did.
 test-wheel: $(STAMP)
-	TFREPLAY_TEST_WHEEL=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_packaging.py
+	TFREPLAY_TEST_WHEEL=1 $(PY) -m pytest -q -s --durations=20 -p no:cacheprovider tests/test_packaging.py
 
 # The sdist installed (its C libraries compiled) on each other Python of 3.10-3.13 found on PATH or under
 # pyenv, and the README's quick start run there. Manual: several minutes (a TensorFlow install per Python).
@@ -159,7 +159,7 @@ TFA_REVERB = replay_buffers/reverb_replay_buffer_test.py replay_buffers/reverb_u
 REVERB_VENV := .venv-reverb
 REVERB_PY := $(REVERB_VENV)/bin/python
 REVERB_STAMP := $(REVERB_VENV)/.installed-reverb
-REVERB_PYTEST = -m pytest -q -c tests/compat/pytest.ini -p reverb_redirect --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests
+REVERB_PYTEST = -m pytest -q --durations=20 -c tests/compat/pytest.ini -p reverb_redirect --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests
 
 # .venv-reverb adds to the main venv instead of installing TensorFlow again: a .pth file puts .venv's packages
 # (TensorFlow, tf-keras, pytest, ...) behind its own, and pip installs only what the pins add or change on top
@@ -182,7 +182,7 @@ $(REVERB_OPS): $(REVERB_STAMP) $(KERNELS)
 test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) $(REVERB_PYTEST) \
 		$(addprefix $(call TFA_ROOT,$(COMPAT_PY))/,$(TFA_REVERB)) tests/compat/reverb --ignore=tests/compat/reverb/test_differential.py
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q --durations=20 -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
 		tests/compat/reverb/test_differential.py
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(REVERB_PY) $(REVERB_PYTEST) $(addprefix $(call TFA_ROOT,$(REVERB_PY))/,$(TFA_REVERB))
 
