@@ -87,7 +87,9 @@ def test_report_gives_each_case_per_operation_against_its_groups_baseline():
 
 
 def _start(args, cwd):
-    env = {**os.environ, "TFREPLAY_BENCH_TINY": "1", "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # Not an xdist worker's variables: pytest-benchmark turns itself off in a session that looks like one.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(TFREPLAY_BENCH_TINY="1", PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen(
         [sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
