@@ -164,8 +164,8 @@ class Client:
 
     def server_info(self, timeout: Any = None) -> dict[str, TableInfo]:
         """Each table's `TableInfo`, by name (`timeout`: seconds to wait for a server elsewhere to answer)."""
-        return server_lib.find_server("Client.server_info", self._address).server_info(timeout)
+        return server_lib.find_server("Client.server_info", self._address)._server_info(timeout)
 
     def checkpoint(self) -> str:
         """Writes every table to the server's checkpointer; returns the checkpoint's path (on the server's machine)."""
-        return server_lib.find_server("Client.checkpoint", self._address).checkpoint()
+        return server_lib.find_server("Client.checkpoint", self._address)._checkpoint()

@@ -121,26 +121,26 @@ class RemoteServer:
         wire.raise_error(answer)
         return answer, out
 
-    def server_info(self, timeout: Any = None) -> dict:
+    def _server_info(self, timeout: Any = None) -> dict:
         answer, arrays = self.request({"op": "info"}, timeout=timeout)
         infos = {d["name"]: wire.info_in(d, arrays) for d in answer["tables"]}
         with self._lock:
             self._tables = {name: RemoteTable(self, info) for name, info in infos.items()}
         return infos
 
-    def table(self, where: str, name: str) -> RemoteTable:
+    def _table(self, where: str, name: str) -> RemoteTable:
         if name not in self._tables:
-            self.server_info()
+            self._server_info()
         if name not in self._tables:
             raise errors.NotFoundError(
                 f"{where}: table ({name!r}) is not on the server at {self.address}; its tables: {sorted(self._tables)}."
             )
         return self._tables[name]
 
-    def checkpoint(self) -> str:
+    def _checkpoint(self) -> str:
         return self.request({"op": "checkpoint"})[0]["path"]
 
-    def insert_step(self, where: str, targets: Sequence[tuple[str, Any]], values: Sequence[Any]) -> None:
+    def _insert_step(self, where: str, targets: Sequence[tuple[str, Any]], values: Sequence[Any]) -> None:
         """One step into each `(table name, priority)` of `targets`, under one key (waits for rate limiters)."""
         pairs = [[name, float(p) if isinstance(p, (int, float)) else p] for name, p in targets]
         self.request({"op": "insert", "targets": pairs}, list(values))
@@ -187,7 +187,7 @@ class RemoteTable:
 
     @property
     def info(self) -> Any:
-        return self._server.server_info()[self.name]
+        return self._server._server_info()[self.name]
 
     def _checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
         return checked_priority(where, priority, name, self.name, self._settings)

@@ -86,7 +86,7 @@ class _Service:
         }
 
     def _table(self, header: dict) -> Table:
-        return self._server.table("Server", wire.field(header, "table", str))
+        return self._server._table("Server", wire.field(header, "table", str))
 
     def call(self, request: bytes, context: Any) -> bytes:
         try:
@@ -108,7 +108,7 @@ class _Service:
         if not targets or not all(isinstance(t, list) and len(t) == 2 for t in targets):
             raise wire.WireError(f"Server: insert targets ({targets!r}) must be a non-empty list of [table, priority].")
         tables = [(self._table({"table": name}), priority) for name, priority in targets]
-        self._server.insert_step("Client.insert", tables, arrays, lambda t, item: _patient(context, t._insert, item))
+        self._server._insert_step("Client.insert", tables, arrays, lambda t, item: _patient(context, t._insert, item))
         return {}, []
 
     def _mutate(self, header: dict, arrays: list, context: Any) -> tuple:
@@ -124,7 +124,7 @@ class _Service:
         return {}, []
 
     def _checkpoint(self, header: dict, arrays: list, context: Any) -> tuple:
-        return {"path": self._server.checkpoint()}, []
+        return {"path": self._server._checkpoint()}, []
 
     def sample(self, requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
         for request in requests:

@@ -31,11 +31,11 @@ _LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]", "[::]", "0.0.0.0", "")
 
 
 class Server:
-    """Hosts `tables` in this process under `port` (None: a free one).
+    """Hosts `tables` and serves them on `port` (None: a free one) to this and other processes.
 
     Args:
       tables: one or more `Table`s of distinct names.
-      port: the port clients name in their address; None picks a free one.
+      port: the port it listens on and clients name in their address; None picks a free one.
       checkpointer: a `reverb.checkpointers` checkpointer: `Client.checkpoint()` writes to it, and a new server
         loads its latest checkpoint into tables of the same names.
     """
@@ -83,7 +83,7 @@ class Server:
 
         return Client(f"localhost:{self._port}")
 
-    def table(self, where: str, name: str) -> Table:
+    def _table(self, where: str, name: str) -> Table:
         """The table `name`; NotFoundError if this server has none of that name."""
         if name not in self._tables:
             raise NotFoundError(
@@ -92,10 +92,10 @@ class Server:
             )
         return self._tables[name]
 
-    def server_info(self, timeout: Any = None) -> dict:
+    def _server_info(self, timeout: Any = None) -> dict:
         return {name: t.info for name, t in self._tables.items()}
 
-    def checkpoint(self) -> str:
+    def _checkpoint(self) -> str:
         """Writes every table to the checkpointer (a temporary directory's unless one was given); its path."""
         if self.checkpointer is None:  # as Reverb: a temporary directory unless one was given
             from tfreplay.compat.reverb.checkpointers import TempDirCheckpointer
@@ -103,9 +103,9 @@ class Server:
             self.checkpointer = TempDirCheckpointer()
         return self.checkpointer.save(self.tables)
 
-    def insert_step(self, where: str, targets: Sequence[tuple[Any, Any]], values: Sequence[Any], put: Any = None):
+    def _insert_step(self, where: str, targets: Sequence[tuple[Any, Any]], values: Sequence[Any], put: Any = None):
         """One step into each `(table or name, priority)` of `targets`, under one key (see `table.insert_step`)."""
-        tables = [(self.table(where, t) if isinstance(t, str) else t, p) for t, p in targets]
+        tables = [(self._table(where, t) if isinstance(t, str) else t, p) for t, p in targets]
         insert_step(where, tables, values, put)
 
     def stop(self) -> None:
@@ -182,13 +182,13 @@ def find_table(where: str, address: Any, name: Any) -> Any:
     """The table `name` of the server at `address` (strings, bytes or eager tensors); NotFoundError if the server
     has no such table."""
     address, name = text(where, "server_address", address), text(where, "table", name)
-    return find_server(where, address).table(where, name)
+    return find_server(where, address)._table(where, name)
 
 
 def insert(where: str, address: Any, targets: Sequence[tuple[Any, Any]], values: Sequence[Any]) -> None:
     """One step into each `(table name, priority)` of `targets` on the server at `address`, under one key."""
     named = [(text(where, "table", name), priority) for name, priority in targets]
-    find_server(where, address).insert_step(where, named, values)
+    find_server(where, address)._insert_step(where, named, values)
 
 
 @atexit.register
