@@ -279,6 +279,7 @@ def test_the_server_refuses_malformed_messages_and_runs_no_code_from_them(serve)
         message(dict(insert, arrays=[["|O8", [1]]]), bytes(8)),  # Python objects: refused
         message(dict(insert, arrays=[["<f4", [2]]]), bytes(4)),  # fewer bytes than the shape needs
         message(dict(insert, arrays=[["<f4", [1]]]), bytes(8)),  # bytes after the last array
+        message(dict(insert, arrays=[["<f8", [2**39] * 8]]), bytes(8)),  # a shape whose size overflows int64
         message({"op": "exec", "arrays": []}),
     ]
     for raw in malformed:

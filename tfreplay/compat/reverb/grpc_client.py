@@ -234,6 +234,10 @@ class _Lockstep:
 
     def close(self) -> None:
         self._call.cancel()
+        try:
+            self._requests.put_nowait(None)  # ends the request iterator gRPC's thread reads
+        except queue.Full:
+            pass
 
 
 class _Ticket:
@@ -303,6 +307,7 @@ class _InsertStream:
         except Exception as e:  # an answer out of the format
             failure = e
             self._call.cancel()
+        self._requests.put(None)  # ends the request iterator gRPC's thread reads
         with self._cond:
             self.error = failure
             for ticket in self._tickets:

@@ -107,6 +107,8 @@ class _Service:
         targets = wire.field(header, "targets", list)
         if not targets or not all(isinstance(t, list) and len(t) == 2 for t in targets):
             raise wire.WireError(f"Server: insert targets ({targets!r}) must be a non-empty list of [table, priority].")
+        if not arrays:
+            raise wire.WireError("Server: an insert must carry at least one array (a column).")
         tables = [(self._table({"table": name}), priority) for name, priority in targets]
         self._server._insert_step("Client.insert", tables, arrays, lambda t, item: _patient(context, t._insert, item))
         return {}, []

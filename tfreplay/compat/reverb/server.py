@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import socket
 import threading
 import weakref
 from typing import Any, Sequence
@@ -171,7 +172,7 @@ def find_server(where: str, address: Any) -> Any:
             server = _SERVERS.get(port)
         if server is not None:
             return server
-        if port in _STOPPED:
+        if port in _STOPPED and not _listened(port):  # else another process serves there now
             raise ServerStoppedError(f"{where}: the reverb.Server on port {port} of this process was stopped.")
     from tfreplay.compat.reverb import grpc_client
 
@@ -189,6 +190,15 @@ def insert(where: str, address: Any, targets: Sequence[tuple[Any, Any]], values:
     """One step into each `(table name, priority)` of `targets` on the server at `address`, under one key."""
     named = [(text(where, "table", name), priority) for name, priority in targets]
     find_server(where, address)._insert_step(where, named, values)
+
+
+def _listened(port: int) -> bool:
+    """Whether something on this machine accepts connections on `port`."""
+    try:
+        socket.create_connection(("localhost", port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
 
 
 @atexit.register

@@ -13,6 +13,7 @@ error class. Nothing here imports gRPC: the server and client modules do.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from typing import Any, Sequence
@@ -59,10 +60,11 @@ def decode(message: bytes) -> tuple[dict, list[np.ndarray]]:
     arrays, offset = [], 8 + size
     for entry in header.pop("arrays"):
         dtype, shape = _array_entry(entry)
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # a Python int: no overflow
+        nbytes = dtype.itemsize * count
         if offset + nbytes > len(message):
             raise WireError(f"wire: array {entry!r} needs {nbytes} bytes; the message has {len(message) - offset}.")
-        arrays.append(np.frombuffer(message, dtype, int(np.prod(shape)), offset).reshape(shape).copy())
+        arrays.append(np.frombuffer(message, dtype, count, offset).reshape(shape).copy())
         offset += nbytes
     if offset != len(message):
         raise WireError(f"wire: {len(message) - offset} bytes follow the last array; the message must end there.")
