@@ -198,12 +198,13 @@ def test_a_checkpoint_taken_across_processes_is_served_by_a_restarted_server(tmp
         client = reverb.Client(first.address)
         for i in range(3):
             client.insert([np.int64(i)], {"p": float(i + 1)})
+        assert next(client.sample("p", emit_timesteps=False)).info.table_size == 3  # a sample stream, opened
         path = client.checkpoint()
         assert pathlib.Path(path).is_dir() and pathlib.Path(path).parent == tmp_path / "checkpoints"
         client.insert([np.int64(99)], {"p": 1.0})  # after the checkpoint: not in it
     finally:
         assert first.stop() == 0
-    second = ServerProcess(config, tmp_path)  # same port: the same client reaches it
+    second = ServerProcess(config, tmp_path)  # same port: the same client reaches it, on new streams
     try:
         assert client.server_info(timeout=30)["p"].current_size == 3
         drawn = {(int(s.data[0][0]), s.info.priority) for s in client.sample("p", 60, emit_timesteps=False)}

@@ -148,6 +148,8 @@ class RemoteServer:
     def sample(self, table: str, n: int, timeout: float | None) -> list:
         self.connect(None)
         with self._lock:
+            while self._idle and self._idle[-1].ended():
+                self._idle.pop()  # its server stopped or went away since it was last used
             stream = self._idle.pop() if self._idle else _Lockstep(self._sample, self.address)
         try:
             answer, arrays = stream.ask(wire.encode({"table": table, "n": int(n), "timeout": timeout}))
@@ -231,6 +233,9 @@ class _Lockstep:
         except StopIteration:
             raise errors.UnavailableError(f"the Reverb server at {self._address} ended the stream.") from None
         return wire.decode(reply)
+
+    def ended(self) -> bool:
+        return self._call.done()
 
     def close(self) -> None:
         self._call.cancel()
