@@ -287,6 +287,8 @@ def test_the_server_refuses_malformed_messages_and_runs_no_code_from_them(serve)
         reply = call(raw, timeout=30)
         header_size = struct.unpack("<I", reply[4:8])[0]
         assert json.loads(reply[8 : 8 + header_size])["error"][0] == "Value", raw
+    stream = grpc.insecure_channel(f"127.0.0.1:{server.port}").stream_stream("/tfreplay.reverb.Tables/Insert")
+    assert list(stream(iter([b"TFRB\xff\xff\xff\x7f", b"more"]), timeout=30)) == []  # ends the stream, no item
     assert client.server_info()["q"].current_size == 0
 
 

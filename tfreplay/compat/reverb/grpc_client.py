@@ -35,6 +35,7 @@ from tfreplay.compat.reverb.table import checked_priority
 
 CONNECT_TIMEOUT = 60.0
 INSERT_WINDOW = 128
+BATCH_BYTES = 4 << 20  # a request of queued items stops growing past this
 OPTIONS = [
     ("grpc.max_send_message_length", wire.MAX_MESSAGE),
     ("grpc.max_receive_message_length", wire.MAX_MESSAGE),
@@ -271,8 +272,27 @@ class _InsertStream:
         self._tickets: collections.deque[_Ticket] = collections.deque()
         self._cond = threading.Condition()
         self.error: Exception | None = None
-        self._call = method(iter(self._requests.get, None))
+        self._call = method(self._batches())
         threading.Thread(target=self._read, args=(self._call,), daemon=True, name="reverb-acks").start()
+
+    def _batches(self) -> Iterator[bytes]:
+        """The queued items, as many as wait (up to `BATCH_BYTES`) in each request."""
+        while True:
+            messages = [self._requests.get()]
+            if messages[0] is None:
+                return
+            size = len(messages[0])
+            while size < BATCH_BYTES:
+                try:
+                    message = self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                if message is None:
+                    self._requests.put(None)
+                    break
+                messages.append(message)
+                size += len(message)
+            yield wire.frames(messages)
 
     def send(self, message: bytes) -> _Ticket:
         with self._cond:
@@ -299,12 +319,16 @@ class _InsertStream:
             for reply in replies:
                 answer, _ = wire.decode(reply)
                 with self._cond:
-                    ticket = self._tickets.popleft()
-                    try:
-                        wire.raise_error(answer)
-                    except Exception as e:
-                        ticket.error = e
-                    ticket.finished = True
+                    n = answer.get("n")
+                    if not isinstance(n, int) or not 1 <= n <= len(self._tickets):
+                        raise wire.WireError(f"the Reverb server at {self._address} acknowledged {n!r} items.")
+                    for _ in range(n):
+                        ticket = self._tickets.popleft()
+                        try:
+                            wire.raise_error(answer)
+                        except Exception as e:
+                            ticket.error = e
+                        ticket.finished = True
                     self._cond.notify_all()
             failure: Exception = errors.UnavailableError(f"the Reverb server at {self._address} ended the stream.")
         except grpc.RpcError as e:

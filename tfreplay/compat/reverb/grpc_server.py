@@ -8,9 +8,10 @@ Three methods of one service, `tfreplay.reverb.Tables`, all carrying
 - `Sample` (a stream each way): each request asks a table for up to `n`
   draws; the answer comes before the next request is read, so one batch is
   in flight per stream.
-- `Insert` (a stream each way): each request is one writer item; each
-  answer acknowledges the oldest item once its table took it in (or says
-  why not). A stream holds at most `INSERT_WINDOW` items that are not yet
+- `Insert` (a stream each way): each request is a batch of writer items
+  (`wire.frames`: those queued when it left); each
+  answer acknowledges the oldest `n` items once their tables took them in
+  (or says why the oldest was refused). A stream holds at most `INSERT_WINDOW` items that are not yet
   acknowledged; beyond that it reads no more, and gRPC's flow control holds
   the writer back.
 
@@ -175,19 +176,25 @@ class _Service:
                     except Exception as e:
                         error = e
                 window.pop()
-                yield wire.encode({} if error is None else wire.error_header(error))
+                done = 1 + (window.pop_done() if error is None else 0)  # the items after it already in, too
+                yield wire.encode({"n": done} if error is None else dict(wire.error_header(error), n=1))
         finally:
             window.close()
 
     def _read_items(self, requests: Iterator[bytes], window: _Window) -> None:
         try:
             for request in requests:
-                if not window.wait_room():
-                    return
                 try:
-                    window.put(self._enqueue(request))
-                except Exception as e:
-                    window.put((None, None, e))
+                    messages = wire.unframe(request)
+                except wire.WireError:
+                    return  # not a batch of this format: the stream ends (its items unacknowledged fail)
+                for message in messages:
+                    if not window.wait_room():
+                        return
+                    try:
+                        window.put(self._enqueue(message))
+                    except Exception as e:
+                        window.put((None, None, e))
         except Exception:  # the client went away mid-stream
             pass
         finally:
@@ -247,6 +254,16 @@ class _Window:
         with self._cond:
             self._entries.popleft()
             self._cond.notify_all()
+
+    def pop_done(self) -> int:
+        """Pops the oldest entries whose items are in (no error); how many."""
+        with self._cond:
+            n = 0
+            while self._entries and self._entries[0][2] is None and self._entries[0][1].done:
+                self._entries.popleft()
+                n += 1
+            self._cond.notify_all()
+            return n
 
     def close(self) -> None:
         with self._cond:

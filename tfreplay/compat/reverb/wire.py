@@ -27,6 +27,7 @@ from tfreplay.compat.reverb.items import Column
 SERVICE = "tfreplay.reverb.Tables"  # the gRPC service both sides name
 MAX_MESSAGE = 1 << 30
 MAGIC = b"TFRV"
+BATCH = b"TFRB"
 MAX_HEADER = 16 << 20
 MAX_RANK = 32
 DTYPES = re.compile(r"^[<>|=]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8|c8|c16|S\d{1,6}|U\d{1,6})$")
@@ -69,6 +70,27 @@ def decode(message: bytes) -> tuple[dict, list[np.ndarray]]:
     if offset != len(message):
         raise WireError(f"wire: {len(message) - offset} bytes follow the last array; the message must end there.")
     return header, arrays
+
+
+def frames(messages: Sequence[bytes]) -> bytes:
+    """Several messages as one (`b"TFRB"`, then each message's length, 4 bytes little endian, and bytes)."""
+    return BATCH + b"".join(struct.pack("<I", len(m)) + m for m in messages)
+
+
+def unframe(batch: bytes) -> list[bytes]:
+    """The messages of `frames`; `WireError` for anything out of the format."""
+    if batch[:4] != BATCH:
+        raise WireError("wire: the batch does not start with the transport's batch bytes.")
+    messages, offset = [], 4
+    while offset < len(batch):
+        if offset + 4 > len(batch):
+            raise WireError("wire: a batch ends inside a message's length.")
+        (size,) = struct.unpack("<I", batch[offset : offset + 4])
+        if offset + 4 + size > len(batch):
+            raise WireError(f"wire: a batched message's length ({size}) must fit the batch.")
+        messages.append(batch[offset + 4 : offset + 4 + size])
+        offset += 4 + size
+    return messages
 
 
 def _plain(array: Any) -> np.ndarray:
