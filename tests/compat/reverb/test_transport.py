@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from processes import ROOT, ServerProcess, client_process, finish, free_port
+from processes import ServerProcess, client_process, finish, free_port
 
 from tfreplay.compat import reverb
 from tfreplay.compat.reverb import serve
@@ -290,12 +290,6 @@ def test_the_server_refuses_malformed_messages_and_runs_no_code_from_them(serve)
     stream = grpc.insecure_channel(f"127.0.0.1:{server.port}").stream_stream("/tfreplay.reverb.Tables/Insert")
     assert list(stream(iter([b"TFRB\xff\xff\xff\x7f", b"more"]), timeout=30)) == []  # ends the stream, no item
     assert client.server_info()["q"].current_size == 0
-
-
-def test_the_console_entry_point_is_the_serve_module():
-    setup = (ROOT / "setup.py").read_text()
-    assert '"tfreplay-reverb-server = tfreplay.compat.reverb.serve:main"' in setup
-    assert callable(serve.main)
 
 
 def test_a_config_with_a_wrong_field_is_refused_naming_it():
