@@ -112,7 +112,12 @@ setup(
     package_data={"tfreplay": ["native/kernels/*.cc", "native/kernels/*.h"]},
     ext_modules=native_libraries(),
     cmdclass={"build_ext": OptionalBuildExt},
-    entry_points={"console_scripts": ["tfreplay-demo = tfreplay.rl.demo:run"]},  # needs the rl extra
+    entry_points={
+        "console_scripts": [
+            "tfreplay-demo = tfreplay.rl.demo:run",  # needs the rl extra
+            "tfreplay-reverb-server = tfreplay.compat.reverb.serve:main",  # a Reverb server from a JSON config
+        ]
+    },
     python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.15",

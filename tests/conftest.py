@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tensorflow as tf
 from helpers import KINDS, MODES, VARIANTS, Api, make_buffer
 
 from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
+
+# Reverb servers the tests start (and their subprocesses') listen on the loopback interface only.
+os.environ.setdefault("TFREPLAY_REVERB_HOST", "127.0.0.1")
 
 
 @pytest.fixture(params=sorted(VARIANTS))

@@ -99,12 +99,13 @@ def test_the_metadata_names_the_license_the_pythons_and_the_addresses(sdist):
         assert not [u for u in [*urls.values(), metadata["Home-page"]] if "example.invalid" in u], urls
 
 
-def test_the_demo_is_a_console_script(sdist):
+def test_the_demo_and_the_reverb_server_are_console_scripts(sdist):
     path, _, _ = sdist
     with tarfile.open(path) as archive:
         (member,) = [m for m in archive.getmembers() if m.name.endswith(".egg-info/entry_points.txt")]
         text = archive.extractfile(member).read().decode()  # type: ignore[union-attr]
     assert "[console_scripts]\ntfreplay-demo = tfreplay.rl.demo:run" in text
+    assert "\ntfreplay-reverb-server = tfreplay.compat.reverb.serve:main" in text
 
 
 # --- the wheel, installed as a user installs it (`make test-wheel`) ---

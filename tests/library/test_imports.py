@@ -58,6 +58,7 @@ def step(name, statement):
 step("tensorflow", "import tensorflow")
 step("tfreplay", "import tfreplay")
 step("datasets", "import tfreplay.datasets")
+step("reverb", "import tfreplay.compat.reverb")
 step("distributed", "import tfreplay.distributed")
 step("rl", "import tfreplay.rl.training")
 import tfreplay
@@ -94,6 +95,14 @@ def test_import_tfreplay_loads_no_optional_dependency(probe):
     added = probe["steps"]["tfreplay"]
     assert loaded(added, HEAVY) == []
     assert loaded(added, UPPER) == []
+
+
+def test_import_tfreplay_and_its_reverb_shim_load_no_grpc(probe):
+    # The Reverb shim's gRPC transport loads when a server starts or a client reaches another process.
+    assert loaded(probe["steps"]["tfreplay"], ("grpc",)) == []
+    assert "tfreplay.compat.reverb" in probe["steps"]["reverb"]
+    assert loaded(probe["steps"]["reverb"], ("grpc", "tfreplay.compat.reverb.grpc_server")) == []
+    assert loaded(probe["steps"]["reverb"], ("tfreplay.compat.reverb.grpc_client",)) == []
 
 
 def test_import_tfreplay_datasets_loads_no_dataset_library(probe):

@@ -1,12 +1,13 @@
-"""Reverb's Python API over tables in this process, for TensorFlow versions Reverb does not install on.
+"""Reverb's Python API over tables of its own, for TensorFlow versions Reverb does not install on.
 
 `import tfreplay.compat.reverb as reverb` gives `Server`, `Table`, `Client`,
 `TFClient`, `TrajectoryWriter`, `TrajectoryDataset`, `selectors`,
 `rate_limiters` and `checkpointers` under Reverb's names. Libraries that
 `import reverb` themselves (TF-Agents) get this module after `install()`,
 and each Reverb module name (`reverb.server`, `reverb.trajectory_dataset`,
-...) the shim's module of that part. A server lives in its process: clients reach it as `localhost:<port>` from
-the same process only.
+...) the shim's module of that part. A server listens on its port: clients in its process call its tables
+directly, clients in other processes and machines reach it over gRPC (`server`, `grpc_server`, `grpc_client`,
+`wire`); `serve` runs one from a JSON config (`tfreplay-reverb-server`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`Client`: inserts, samples, priority updates, resets and writers on a server of this process."""
+"""`Client`: inserts, samples, priority updates, resets and writers on a server of this or another process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tensorflow as tf
 from tfreplay.compat.reverb import server as server_lib
 from tfreplay.compat.reverb.items import check_columns
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Table, TableInfo, insert_step
+from tfreplay.compat.reverb.table import Table, TableInfo
 from tfreplay.compat.reverb.trajectory_writer import TrajectoryWriter
 
 
@@ -74,7 +74,8 @@ def _check_int(where: str, name: str, value: Any, low: int, high: int | None = N
 
 
 class Client:
-    """A client of the `Server` at `server_address` (`"localhost:<port>"`) in this process."""
+    """A client of the `Server` at `server_address` (`"<host>:<port>"`): one of this process is called directly,
+    one elsewhere over gRPC (nothing connects before the first call)."""
 
     def __init__(self, server_address: str):
         server_lib.parse_port("Client", server_address)
@@ -90,15 +91,14 @@ class Client:
     def __reduce__(self) -> Any:
         return Client, (self._address,)
 
-    def _table(self, where: str, name: str) -> Table:
+    def _table(self, where: str, name: str) -> Table:  # a RemoteTable for a server elsewhere
         return server_lib.find_table(where, self._address, name)
 
     def insert(self, data: Any, priorities: dict) -> None:
         """Inserts `data` (a nest) as one step into each table of `priorities` (name -> priority)."""
         if not isinstance(priorities, dict) or not priorities:
             raise ValueError(f"Client.insert: priorities ({priorities!r}) must be a non-empty dict table -> priority.")
-        targets = [(self._table("Client.insert", name), priority) for name, priority in priorities.items()]
-        insert_step("Client.insert", targets, tf.nest.flatten(data))
+        server_lib.insert("Client.insert", self._address, list(priorities.items()), tf.nest.flatten(data))
 
     def writer(
         self,
@@ -163,15 +163,9 @@ class Client:
         self._table("Client.reset", table)._reset()
 
     def server_info(self, timeout: Any = None) -> dict[str, TableInfo]:
-        """Each table's `TableInfo`, by name."""
-        server = server_lib.find_server("Client.server_info", self._address)
-        return {name: t.info for name, t in server.tables.items()}
+        """Each table's `TableInfo`, by name (`timeout`: seconds to wait for a server elsewhere to answer)."""
+        return server_lib.find_server("Client.server_info", self._address)._server_info(timeout)
 
     def checkpoint(self) -> str:
-        """Writes every table to the server's checkpointer; returns the checkpoint's path."""
-        server = server_lib.find_server("Client.checkpoint", self._address)
-        if server.checkpointer is None:  # as Reverb: a temporary directory unless one was given
-            from tfreplay.compat.reverb.checkpointers import TempDirCheckpointer
-
-            server.checkpointer = TempDirCheckpointer()
-        return server.checkpointer.save(server.tables)
+        """Writes every table to the server's checkpointer; returns the checkpoint's path (on the server's machine)."""
+        return server_lib.find_server("Client.checkpoint", self._address)._checkpoint()

@@ -54,7 +54,7 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
     """Samples of `table` on the server at `server_address`, with data of `dtypes` and `shapes` (nests).
 
     Args:
-      server_address: `"localhost:<port>"` of a `Server` in this process (a string or a string tensor).
+      server_address: `"<host>:<port>"` of a `Server` (a string or a string tensor).
       table: the table's name (a string or a string tensor: a graph tensor, inside `interleave` say, is looked up
         when the dataset is iterated; a string now, NotFoundError if the server has no such table).
       dtypes, shapes: the data's nest of dtypes and of shapes (a time axis first for sequence columns).
@@ -152,10 +152,9 @@ class _Draws:
 
     def __call__(self, address: bytes, name: bytes) -> Iterator[ReplaySample]:
         try:
-            server_lib.find_server("TrajectoryDataset", address)
-        except ValueError:
-            return  # the server was stopped (and freed) before this iterator began
-        table = server_lib.find_table("TrajectoryDataset", address, name)
+            table = server_lib.find_table("TrajectoryDataset", address, name)
+        except ServerStoppedError:
+            return  # the server was stopped before this iterator began
         self.table = table.name
         flat_specs = tf.nest.flatten(self.specs)
         empty = self._batch([], flat_specs)

@@ -54,3 +54,10 @@ class DtypeMismatchError(ReverbError, tf.errors.InvalidArgumentError, TypeError)
 
     def __str__(self) -> str:
         return self.message
+
+
+class UnavailableError(ReverbError, tf.errors.UnavailableError):
+    """A server in another process that cannot be reached any more (it stopped, died or the network failed)."""
+
+    def __init__(self, message: str):
+        tf.errors.UnavailableError.__init__(self, None, None, message)

@@ -201,14 +201,7 @@ class Table:
 
     def _checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
         """`priority` as a float, or ValueError: it must be finite, >= 0, and its selectors' weight finite."""
-        if isinstance(priority, np.number):
-            priority = priority.item()
-        items.check_priority(where, priority, name)
-        for selector in (self._sampler_setting, self._remover_setting):
-            rule = selector._priority_rule(float(priority))
-            if rule is not None:
-                raise ValueError(f"{where}: {name} ({priority!r}) must be {rule} (table {self._name!r}).")
-        return float(priority)
+        return checked_priority(where, priority, name, self._name, (self._sampler_setting, self._remover_setting))
 
     def _insert(self, item: Item, timeout: float | None = None) -> None:
         """Inserts `item` once the rate limiter admits it (an existing key: its priority and data are replaced)."""
@@ -228,7 +221,7 @@ class Table:
             self._changed()
             return ticket
 
-    def _await(self, ticket: Ticket, timeout: float | None, what: str) -> None:
+    def _await(self, ticket: Ticket, timeout: float | None, what: str = "insert") -> None:
         """Waits until `ticket`'s item is in (DeadlineExceededError after `timeout` seconds; it stays queued)."""
         with self._cond:
             if not ticket.done:  # an item in before a stop counts as in
@@ -352,10 +345,25 @@ class Table:
             self._changed()
 
 
-def insert_step(where: str, targets: Sequence[tuple[Table, Any]], values: Sequence[Any]) -> None:
+def checked_priority(where: str, priority: Any, name: str, table: str, settings: Sequence[Any]) -> float:
+    """`priority` as a float, or ValueError: finite, >= 0, and a finite weight for each selector of `settings`."""
+    if isinstance(priority, np.number):
+        priority = priority.item()
+    items.check_priority(where, priority, name)
+    for selector in settings:
+        rule = selector._priority_rule(float(priority))
+        if rule is not None:
+            raise ValueError(f"{where}: {name} ({priority!r}) must be {rule} (table {table!r}).")
+    return float(priority)
+
+
+def insert_step(
+    where: str, targets: Sequence[tuple[Table, Any]], values: Sequence[Any], put: Callable | None = None
+) -> None:
     """Inserts one step (`values`: one array a column) as one item, under one key, into each `(table, priority)`
-    of `targets` (`Client.insert`, `TFClient.insert`). Every signature and priority is checked before the first
-    insert, so a refused call changes no table."""
+    of `targets` (`Client.insert`, `TFClient.insert`) with `put(table, item)` (None: `table._insert(item)`,
+    which waits for the rate limiter). Every signature and priority is checked before the first insert, so a
+    refused call changes no table."""
     columns = tuple(Column((np.array(v),), False) for v in values)
     weights = []
     for table, priority in targets:
@@ -363,4 +371,5 @@ def insert_step(where: str, targets: Sequence[tuple[Table, Any]], values: Sequen
         weights.append(table._checked_priority(f"{where} (table {table.name!r})", priority))
     key, episode = new_key(), new_key()  # one step: an episode of its own, as Reverb's insert
     for (table, _), weight in zip(targets, weights):
-        table._insert(Item(key, weight, columns, episodes=(episode,)))
+        item = Item(key, weight, columns, episodes=(episode,))
+        table._insert(item) if put is None else put(table, item)

@@ -23,13 +23,12 @@ from tfreplay.compat.reverb import server as server_lib
 from tfreplay.compat.reverb.errors import DtypeMismatchError
 from tfreplay.compat.reverb.items import Column
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import insert_step
 
 _INFO_DTYPES = list(SampleInfo.tf_dtypes())
 
 
 class TFClient:
-    """TensorFlow ops on the `Server` at `server_address` in this process."""
+    """TensorFlow ops on the `Server` at `server_address` (of this process or another)."""
 
     def __init__(self, server_address: Any, shared_name: str | None = None, name: str = "reverb"):
         address = server_lib.text("TFClient", "server_address", server_address)
@@ -92,8 +91,7 @@ class TFClient:
         address = self._address
 
         def put(address: Any, names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
-            targets = [(server_lib.find_table("TFClient.insert", address, n), w) for n, w in zip(names, weights)]
-            insert_step("TFClient.insert", targets, values)  # one step, as Client.insert
+            server_lib.insert("TFClient.insert", address, list(zip(names, weights)), values)  # as Client.insert
             return np.array(True)
 
         flat = [tf.convert_to_tensor(x) for x in tf.nest.flatten(data)]

@@ -1,0 +1,345 @@
+"""The transport's client side: a server in another process (or machine) seen as tables of this one.
+
+`RemoteServer` and `RemoteTable` answer the calls `Client`, `TFClient`, the
+writers and `TrajectoryDataset` make of a local `Server` and `Table`, by
+carrying them to the server at `host:port` (`grpc_server`). A process
+holds one `RemoteServer` (one channel) per address.
+
+- Samples go over lockstep streams (one request, then its answer), taken
+  from a pool, one per concurrent caller: a dataset's draws in flight are
+  the `n` of one request.
+- A writer's items go over one insert stream per server; at most
+  `INSERT_WINDOW` items are sent and not yet acknowledged, and
+  `create_item` waits for room beyond that. `flush` waits for the
+  acknowledgements.
+- The first call waits for the server up to its timeout (`CONNECT_TIMEOUT`
+  seconds when it has none), then raises `DeadlineExceededError`, as Reverb
+  does for an address nothing answers. A server that goes away fails the
+  calls in progress with `UnavailableError` (keepalive pings find a machine
+  that vanished).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Any, Iterator, Sequence
+
+import grpc
+import tensorflow as tf
+
+from tfreplay.compat.reverb import errors, wire
+from tfreplay.compat.reverb.items import Item
+from tfreplay.compat.reverb.table import checked_priority
+
+CONNECT_TIMEOUT = 60.0
+INSERT_WINDOW = 128
+BATCH_BYTES = 4 << 20  # a request of queued items stops growing past this
+OPTIONS = [
+    ("grpc.max_send_message_length", wire.MAX_MESSAGE),
+    ("grpc.max_receive_message_length", wire.MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+_LOCK = threading.Lock()
+_SERVERS: dict[str, RemoteServer] = {}
+
+
+def remote(address: str) -> RemoteServer:
+    """The process's `RemoteServer` for `address`."""
+    with _LOCK:
+        if address not in _SERVERS:
+            _SERVERS[address] = RemoteServer(address)
+        return _SERVERS[address]
+
+
+def rpc_error(error: grpc.RpcError, address: str) -> Exception:
+    """Reverb's error for a failed call."""
+    code = error.code() if hasattr(error, "code") else None
+    details = error.details() if hasattr(error, "details") else str(error)
+    message = f"the Reverb server at {address}: {details}"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.DeadlineExceededError(message)
+    if code == grpc.StatusCode.CANCELLED:
+        return errors.ServerStoppedError(message)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.UnavailableError(message)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return tf.errors.ResourceExhaustedError(None, None, message)
+    return tf.errors.InternalError(None, None, message)
+
+
+class RemoteServer:
+    """The server at `address` (`host:port`), reached over gRPC."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self._channel = grpc.insecure_channel(address, options=OPTIONS)
+        self._unary = self._channel.unary_unary(f"/{wire.SERVICE}/Call")
+        self._sample = self._channel.stream_stream(f"/{wire.SERVICE}/Sample")
+        self._insert = self._channel.stream_stream(f"/{wire.SERVICE}/Insert")
+        self._lock = threading.Lock()
+        self._tables: dict[str, RemoteTable] = {}
+        self._idle: list[_Lockstep] = []
+        self._inserts: _InsertStream | None = None
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"RemoteServer({self.address!r})"
+
+    def connect(self, timeout: float | None) -> None:
+        """Waits for the server (`DeadlineExceededError` after `timeout`, None: `CONNECT_TIMEOUT` seconds)."""
+        if self._ready:
+            return
+        timeout = CONNECT_TIMEOUT if timeout is None else timeout
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise errors.DeadlineExceededError(
+                f"Client: no Reverb server answered at {self.address} within {timeout:g} s; start one there "
+                "(reverb.Server(tables, port) or tfreplay-reverb-server) or check the address."
+            ) from None
+        self._ready = True
+
+    def request(self, header: dict, arrays: Sequence[Any] = (), timeout: float | None = None) -> tuple:
+        """One `Call`: the answer's header and arrays (its error raised)."""
+        message, stale = wire.encode(header, arrays), self._ready
+        self.connect(timeout)
+        try:
+            reply = self._unary(message, timeout=timeout)
+        except grpc.RpcError as e:
+            self._ready = False
+            if not (stale and e.code() == grpc.StatusCode.UNAVAILABLE):
+                raise rpc_error(e, self.address) from None
+            self.connect(timeout)  # the server went away since the last call: wait for it (or one in its place)
+            try:
+                reply = self._unary(message, timeout=timeout)
+            except grpc.RpcError as again:
+                raise rpc_error(again, self.address) from None
+        answer, out = wire.decode(reply)
+        wire.raise_error(answer)
+        return answer, out
+
+    def _server_info(self, timeout: Any = None) -> dict:
+        answer, arrays = self.request({"op": "info"}, timeout=timeout)
+        infos = {d["name"]: wire.info_in(d, arrays) for d in answer["tables"]}
+        with self._lock:
+            self._tables = {name: RemoteTable(self, info) for name, info in infos.items()}
+        return infos
+
+    def _table(self, where: str, name: str) -> RemoteTable:
+        if name not in self._tables:
+            self._server_info()
+        if name not in self._tables:
+            raise errors.NotFoundError(
+                f"{where}: table ({name!r}) is not on the server at {self.address}; its tables: {sorted(self._tables)}."
+            )
+        return self._tables[name]
+
+    def _checkpoint(self) -> str:
+        return self.request({"op": "checkpoint"})[0]["path"]
+
+    def _insert_step(self, where: str, targets: Sequence[tuple[str, Any]], values: Sequence[Any]) -> None:
+        """One step into each `(table name, priority)` of `targets`, under one key (waits for rate limiters)."""
+        pairs = [[name, float(p) if isinstance(p, (int, float)) else p] for name, p in targets]
+        self.request({"op": "insert", "targets": pairs}, list(values))
+
+    def sample(self, table: str, n: int, timeout: float | None) -> list:
+        self.connect(None)
+        with self._lock:
+            while self._idle and self._idle[-1].ended():
+                self._idle.pop()  # its server stopped or went away since it was last used
+            stream = self._idle.pop() if self._idle else _Lockstep(self._sample, self.address)
+        try:
+            answer, arrays = stream.ask(wire.encode({"table": table, "n": int(n), "timeout": timeout}))
+        except BaseException:
+            stream.close()
+            self._ready = False
+            raise
+        with self._lock:
+            self._idle.append(stream)
+        wire.raise_error(answer)
+        draws = []
+        for draw in answer["draws"]:
+            key, probability, size, priority, times = draw["info"]
+            columns = wire.columns_in(draw["columns"], arrays, "Client.sample")
+            draws.append((Item(key, priority, columns, times), (key, probability, size, priority, times)))
+        return draws
+
+    def enqueue(self, table: str, item: Item) -> _Ticket:
+        self.connect(None)
+        out: list = []
+        header = {"table": table, "priority": item.priority, "episodes": list(item.episodes)}
+        header["columns"] = wire.columns_out(item.columns, out)
+        message = wire.encode(header, out)
+        with self._lock:
+            if self._inserts is None or self._inserts.error is not None:
+                self._inserts = _InsertStream(self._insert, self.address)
+            stream = self._inserts
+        return stream.send(message)
+
+
+class RemoteTable:
+    """A table of a `RemoteServer`: its settings as of the last `server_info`, its calls carried there."""
+
+    def __init__(self, server: RemoteServer, info: Any):
+        self._server, self.name, self.signature, self.max_size = server, info.name, info.signature, info.max_size
+        self._settings = [wire.selector_in(wire.selector_out(o)) for o in (info.sampler_options, info.remover_options)]
+
+    @property
+    def info(self) -> Any:
+        return self._server._server_info()[self.name]
+
+    def _checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
+        return checked_priority(where, priority, name, self.name, self._settings)
+
+    def _sample(self, timeout: float | None = None) -> tuple:
+        return self._sample_many(1, timeout)[0]
+
+    def _sample_many(self, n: int, timeout: float | None = None) -> list:
+        return self._server.sample(self.name, n, timeout)
+
+    def _enqueue(self, item: Item) -> _Ticket:
+        return self._server.enqueue(self.name, item)
+
+    def _await(self, ticket: _Ticket, timeout: float | None, what: str = "insert") -> None:
+        ticket.wait(timeout)
+
+    def _mutate(self, updates: dict, deletes: Sequence[int]) -> None:
+        pairs = [[int(k), float(p) if isinstance(p, (int, float)) else p] for k, p in updates.items()]
+        self._server.request(
+            {"op": "mutate", "table": self.name, "updates": pairs, "deletes": [int(k) for k in deletes]}
+        )
+
+    def _reset(self) -> None:
+        self._server.request({"op": "reset", "table": self.name})
+
+
+class _Lockstep:
+    """A stream each way, one request then its answer."""
+
+    def __init__(self, method: Any, address: str):
+        self._address = address
+        self._requests: queue.Queue = queue.Queue(maxsize=1)
+        self._call = method(iter(self._requests.get, None))
+
+    def ask(self, message: bytes) -> tuple:
+        self._requests.put(message)
+        try:
+            reply = next(self._call)
+        except grpc.RpcError as e:
+            raise rpc_error(e, self._address) from None
+        except StopIteration:
+            raise errors.UnavailableError(f"the Reverb server at {self._address} ended the stream.") from None
+        return wire.decode(reply)
+
+    def ended(self) -> bool:
+        return self._call.done()
+
+    def close(self) -> None:
+        self._call.cancel()
+        try:
+            self._requests.put_nowait(None)  # ends the request iterator gRPC's thread reads
+        except queue.Full:
+            pass
+
+
+class _Ticket:
+    """An item sent on an insert stream: `done` once its table took it in."""
+
+    __slots__ = ("_stream", "finished", "error")
+
+    def __init__(self, stream: _InsertStream):
+        self._stream, self.finished = stream, False
+        self.error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finished and self.error is None
+
+    def wait(self, timeout: float | None) -> None:
+        self._stream.wait(self, timeout)
+
+
+class _InsertStream:
+    """The insert stream of a `RemoteServer`: items out, acknowledgements back, oldest first."""
+
+    def __init__(self, method: Any, address: str):
+        self._address = address
+        self._requests: queue.Queue = queue.Queue()  # bounded by the window: send() waits for room
+        self._tickets: collections.deque[_Ticket] = collections.deque()
+        self._cond = threading.Condition()
+        self.error: Exception | None = None
+        self._call = method(self._batches())
+        threading.Thread(target=self._read, args=(self._call,), daemon=True, name="reverb-acks").start()
+
+    def _batches(self) -> Iterator[bytes]:
+        """The queued items, as many as wait (up to `BATCH_BYTES`) in each request."""
+        while True:
+            messages = [self._requests.get()]
+            if messages[0] is None:
+                return
+            size = len(messages[0])
+            while size < BATCH_BYTES:
+                try:
+                    message = self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                if message is None:
+                    self._requests.put(None)
+                    break
+                messages.append(message)
+                size += len(message)
+            yield wire.frames(messages)
+
+    def send(self, message: bytes) -> _Ticket:
+        with self._cond:
+            while len(self._tickets) >= INSERT_WINDOW and self.error is None:
+                self._cond.wait()
+            if self.error is not None:
+                raise self.error
+            ticket = _Ticket(self)
+            self._tickets.append(ticket)
+            self._requests.put(message)
+            return ticket
+
+    def wait(self, ticket: _Ticket, timeout: float | None) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: ticket.finished, timeout):
+                raise errors.DeadlineExceededError(
+                    f"the Reverb server at {self._address} did not take the item in within {timeout:g} s."
+                )
+        if ticket.error is not None:
+            raise ticket.error
+
+    def _read(self, replies: Iterator[bytes]) -> None:
+        try:
+            for reply in replies:
+                answer, _ = wire.decode(reply)
+                with self._cond:
+                    n = answer.get("n")
+                    if not isinstance(n, int) or not 1 <= n <= len(self._tickets):
+                        raise wire.WireError(f"the Reverb server at {self._address} acknowledged {n!r} items.")
+                    for _ in range(n):
+                        ticket = self._tickets.popleft()
+                        try:
+                            wire.raise_error(answer)
+                        except Exception as e:
+                            ticket.error = e
+                        ticket.finished = True
+                    self._cond.notify_all()
+            failure: Exception = errors.UnavailableError(f"the Reverb server at {self._address} ended the stream.")
+        except grpc.RpcError as e:
+            failure = rpc_error(e, self._address)
+        except Exception as e:  # an answer out of the format
+            failure = e
+            self._call.cancel()
+        self._requests.put(None)  # ends the request iterator gRPC's thread reads
+        with self._cond:
+            self.error = failure
+            for ticket in self._tickets:
+                ticket.error, ticket.finished = failure, True
+            self._tickets.clear()
+            self._cond.notify_all()
