@@ -179,6 +179,9 @@ $(REVERB_OPS): $(REVERB_STAMP) $(KERNELS)
 	PYTHONPATH=$(CURDIR) $(REVERB_PY) -m tfreplay.native build
 	touch $(REVERB_OPS)
 
+# The servers these lanes start listen on the loopback interface only.
+test-reverb reverb-dqn: export TFREPLAY_REVERB_HOST = 127.0.0.1
+
 test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) $(REVERB_PYTEST) \
 		$(addprefix $(call TFA_ROOT,$(COMPAT_PY))/,$(TFA_REVERB)) tests/compat/reverb --ignore=tests/compat/reverb/test_differential.py
