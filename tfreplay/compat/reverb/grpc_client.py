@@ -37,8 +37,7 @@ CONNECT_TIMEOUT = 60.0
 INSERT_WINDOW = 128
 BATCH_BYTES = 4 << 20  # a request of queued items stops growing past this
 OPTIONS = [
-    ("grpc.max_send_message_length", wire.MAX_MESSAGE),
-    ("grpc.max_receive_message_length", wire.MAX_MESSAGE),
+    *wire.MESSAGE_LIMITS,
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),

@@ -41,8 +41,7 @@ POLL = 1.0
 INSERT_WINDOW = 64
 WORKERS = 256
 OPTIONS = [
-    ("grpc.max_send_message_length", wire.MAX_MESSAGE),
-    ("grpc.max_receive_message_length", wire.MAX_MESSAGE),
+    *wire.MESSAGE_LIMITS,
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
     ("grpc.so_reuseport", 0),

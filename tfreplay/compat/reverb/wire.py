@@ -26,6 +26,11 @@ from tfreplay.compat.reverb.items import Column
 
 SERVICE = "tfreplay.reverb.Tables"  # the gRPC service both sides name
 MAX_MESSAGE = 1 << 30
+# gRPC options both sides set: a message of up to MAX_MESSAGE either way.
+MESSAGE_LIMITS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+]
 MAGIC = b"TFRV"
 BATCH = b"TFRB"
 MAX_HEADER = 16 << 20
