@@ -101,8 +101,8 @@ def test_import_tfreplay_and_its_reverb_shim_load_no_grpc(probe):
     # The Reverb shim's gRPC transport loads when a server starts or a client reaches another process.
     assert loaded(probe["steps"]["tfreplay"], ("grpc",)) == []
     assert "tfreplay.compat.reverb" in probe["steps"]["reverb"]
-    assert loaded(probe["steps"]["reverb"], ("grpc", "tfreplay.compat.reverb.grpc_server")) == []
-    assert loaded(probe["steps"]["reverb"], ("tfreplay.compat.reverb.grpc_client",)) == []
+    assert loaded(probe["steps"]["reverb"], ("grpc", "tfreplay.compat.reverb.transport.server")) == []
+    assert loaded(probe["steps"]["reverb"], ("tfreplay.compat.reverb.transport.client",)) == []
 
 
 def test_import_tfreplay_datasets_loads_no_dataset_library(probe):
@@ -155,3 +155,26 @@ def test_no_library_module_imports_the_rl_application():
         str(path.relative_to(ROOT)): bad for path in files if (bad := loaded(imported_modules(path), ("tfreplay.rl",)))
     }
     assert offenders == {}, "imports point down: the library must not import tfreplay.rl"
+
+
+REVERB = "tfreplay.compat.reverb"
+REVERB_API = [f"{REVERB}.{m}" for m in ("client", "server", "tf_client", "trajectory_writer", "trajectory_dataset")]
+
+
+def reverb_layer(layer: str) -> list[pathlib.Path]:
+    return sorted((ROOT / "tfreplay" / "compat" / "reverb" / layer).glob("*.py"))
+
+
+def test_the_reverb_engine_imports_neither_the_transport_nor_reverbs_api():
+    files = reverb_layer("engine")
+    assert {p.stem for p in files} >= {"table", "tables", "items", "selectors", "rate_limiters", "checkpoints"}
+    banned = (f"{REVERB}.transport", f"{REVERB}.serve", *REVERB_API)
+    offenders = {p.name: bad for p in files if (bad := loaded(imported_modules(p), banned))}
+    assert offenders == {}, "the engine sits below the transport and the API"
+
+
+def test_the_reverb_transport_imports_no_module_of_reverbs_api():
+    files = reverb_layer("transport")
+    assert {p.stem for p in files} >= {"routing", "wire", "server", "client"}
+    offenders = {p.name: bad for p in files if (bad := loaded(imported_modules(p), (f"{REVERB}.serve", *REVERB_API)))}
+    assert offenders == {}, "the transport sits below Reverb's API"

@@ -144,7 +144,7 @@ class RateLimiter:
         sample_timeout: float | None = None,
     ):
         where = type(self).__name__
-        _check_rate(where, samples_per_insert, min_size_to_sample)
+        check_rate(where, samples_per_insert, min_size_to_sample)
         if not min_diff < max_diff:
             raise ValueError(f"{where}: min_diff ({min_diff!r}) must be less than max_diff ({max_diff!r}).")
         if max_diff - min_diff < 2 * max(1.0, samples_per_insert):
@@ -377,15 +377,15 @@ class SampleToInsertRatio(RateLimiter):
         sample_timeout: float | None = None,
     ):
         where = "SampleToInsertRatio"
-        _check_rate(where, samples_per_insert, min_size_to_sample)
+        check_rate(where, samples_per_insert, min_size_to_sample)
         if isinstance(error_buffer, (tuple, list)) and len(error_buffer) == 2:
             bounds = tuple(error_buffer)
-        elif _number(error_buffer) and error_buffer >= 0:  # counted from the end of the first stage, as Reverb
+        elif is_number(error_buffer) and error_buffer >= 0:  # counted from the end of the first stage, as Reverb
             offset = samples_per_insert * min_size_to_sample
             bounds = (offset - error_buffer, offset + error_buffer)
         else:
             raise ValueError(f"{where}: error_buffer ({error_buffer!r}) must be a non-negative number or a pair.")
-        if not all(_number(b) and math.isfinite(b) for b in bounds):
+        if not all(is_number(b) and math.isfinite(b) for b in bounds):
             raise ValueError(f"{where}: error_buffer ({error_buffer!r}) must hold finite numbers.")
         super().__init__(
             samples_per_insert,
@@ -397,13 +397,13 @@ class SampleToInsertRatio(RateLimiter):
         )
 
 
-def _check_rate(where: str, samples_per_insert: Any, min_size_to_sample: Any) -> None:
-    if not _number(samples_per_insert) or not math.isfinite(samples_per_insert) or samples_per_insert <= 0:
+def check_rate(where: str, samples_per_insert: Any, min_size_to_sample: Any) -> None:
+    if not is_number(samples_per_insert) or not math.isfinite(samples_per_insert) or samples_per_insert <= 0:
         raise ValueError(f"{where}: samples_per_insert ({samples_per_insert!r}) must be a positive number.")
     integer = isinstance(min_size_to_sample, (int, np.integer)) and not isinstance(min_size_to_sample, bool)
     if not integer or min_size_to_sample < 1:
         raise ValueError(f"{where}: min_size_to_sample ({min_size_to_sample!r}) must be a positive integer.")
 
 
-def _number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)

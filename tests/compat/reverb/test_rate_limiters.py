@@ -31,7 +31,7 @@ def test_a_sample_not_admitted_in_time_raises_deadline_exceeded(serve):
     serve(t)
     start = time.monotonic()
     with pytest.raises(reverb.errors.DeadlineExceededError, match="did not admit the sample within 0.2 s"):
-        t._sample(timeout=0.2)
+        t.sample(timeout=0.2)
     assert 0.15 < time.monotonic() - start < 2
     assert issubclass(reverb.DeadlineExceededError, tf.errors.DeadlineExceededError)
 
@@ -61,7 +61,7 @@ def test_a_queue_blocks_inserts_when_full_and_samples_when_empty(serve):
     assert draw(client, "q", 2) == [0, 1]
     assert not t.can_sample(1) and t.info.current_size == 0
     with pytest.raises(reverb.DeadlineExceededError):
-        t._sample(timeout=0.05)
+        t.sample(timeout=0.05)
 
 
 def test_a_stack_draws_the_newest_first(serve):

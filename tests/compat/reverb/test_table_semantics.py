@@ -93,7 +93,7 @@ def test_mutate_priorities_checks_every_key_and_priority_before_changing_any(ser
     t = prioritized_remover()
     _, client = serve(t)
     insert_ints(client, "t", [0, 1])
-    first, second = (item.key for item in t._snapshot()[0])
+    first, second = (item.key for item in t.snapshot()[0])
     keys = {"first": first, "second": second}
     updates = {keys.get(k, k): v for k, v in updates.items()}
     with pytest.raises(ValueError, match=error):

@@ -261,9 +261,9 @@ def test_a_server_in_this_process_is_reached_by_another_process_and_wait_returns
 
 
 def test_a_client_of_a_server_in_its_own_process_calls_its_tables_directly(serve, monkeypatch):
-    from tfreplay.compat.reverb import grpc_client
+    from tfreplay.compat.reverb.transport import client as transport_client
 
-    monkeypatch.setattr(grpc_client, "remote", lambda address: pytest.fail(f"{address} went over the network"))
+    monkeypatch.setattr(transport_client, "remote", lambda address: pytest.fail(f"{address} went over the network"))
     server, _ = serve(reverb.Table.queue("q", 10))
     client = reverb.Client(f"127.0.0.1:{server.port}")
     client.insert([np.int64(3)], {"q": 1.0})

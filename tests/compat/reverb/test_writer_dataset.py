@@ -46,7 +46,7 @@ def test_overlapping_items_share_the_steps_they_cover(serve):
             w.append(np.arange(4) + i)
             if i:
                 w.create_item("t", 1.0, w.history[-2:])
-    first, second = (item.columns[0].cells for item in t._snapshot()[0])
+    first, second = (item.columns[0].cells for item in t.snapshot()[0])
     assert first[1] is second[0]  # one cell, two items
 
 

@@ -7,11 +7,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.compat.reverb import server as server_lib
-from tfreplay.compat.reverb.items import check_columns
+from tfreplay.compat.reverb.engine.items import check_columns
+from tfreplay.compat.reverb.engine.table import TableInfo
+from tfreplay.compat.reverb.engine.tables import TableEndpoint
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
-from tfreplay.compat.reverb.table import Table, TableInfo
 from tfreplay.compat.reverb.trajectory_writer import TrajectoryWriter
+from tfreplay.compat.reverb.transport import routing
 
 
 class Writer:
@@ -78,7 +79,7 @@ class Client:
     one elsewhere over gRPC (nothing connects before the first call)."""
 
     def __init__(self, server_address: str):
-        server_lib.parse_port("Client", server_address)
+        routing.split_address("Client", server_address)
         self._address = server_address
 
     @property
@@ -91,14 +92,14 @@ class Client:
     def __reduce__(self) -> Any:
         return Client, (self._address,)
 
-    def _table(self, where: str, name: str) -> Table:  # a RemoteTable for a server elsewhere
-        return server_lib.find_table(where, self._address, name)
+    def _table(self, where: str, name: str) -> TableEndpoint:
+        return routing.find_table(where, self._address, name)
 
     def insert(self, data: Any, priorities: dict) -> None:
         """Inserts `data` (a nest) as one step into each table of `priorities` (name -> priority)."""
         if not isinstance(priorities, dict) or not priorities:
             raise ValueError(f"Client.insert: priorities ({priorities!r}) must be a non-empty dict table -> priority.")
-        server_lib.insert("Client.insert", self._address, list(priorities.items()), tf.nest.flatten(data))
+        routing.insert("Client.insert", self._address, list(priorities.items()), tf.nest.flatten(data))
 
     def writer(
         self,
@@ -139,7 +140,7 @@ class Client:
         signature = target.signature if unpack_as_table_signature else None
         unflatten = (lambda x: tf.nest.pack_sequence_as(signature, x)) if signature is not None else list
         for _ in range(num_samples):
-            item, info = target._sample()
+            item, info = target.sample()
             info = SampleInfo(*info)
             data = [c.value() for c in item.columns]
             if not emit_timesteps:
@@ -152,7 +153,7 @@ class Client:
 
     def mutate_priorities(self, table: str, updates: dict | None = None, deletes: Sequence[int] | None = None) -> None:
         """Sets priorities (`updates`: key -> priority) and removes items (`deletes`); unknown keys are ignored."""
-        self._table("Client.mutate_priorities", table)._mutate(dict(updates or {}), list(deletes or []))
+        self._table("Client.mutate_priorities", table).mutate(dict(updates or {}), list(deletes or []))
 
     def update_priorities(self, table: str, updates: dict) -> None:
         """`mutate_priorities(table, updates)`."""
@@ -160,12 +161,12 @@ class Client:
 
     def reset(self, table: str) -> None:
         """Removes every item of `table` and starts its rate limiter's counts again."""
-        self._table("Client.reset", table)._reset()
+        self._table("Client.reset", table).reset()
 
     def server_info(self, timeout: Any = None) -> dict[str, TableInfo]:
         """Each table's `TableInfo`, by name (`timeout`: seconds to wait for a server elsewhere to answer)."""
-        return server_lib.find_server("Client.server_info", self._address)._server_info(timeout)
+        return routing.connect("Client.server_info", self._address).server_info(timeout)
 
     def checkpoint(self) -> str:
         """Writes every table to the server's checkpointer; returns the checkpoint's path (on the server's machine)."""
-        return server_lib.find_server("Client.checkpoint", self._address)._checkpoint()
+        return routing.connect("Client.checkpoint", self._address).checkpoint()

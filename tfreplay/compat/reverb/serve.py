@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 from typing import Any, Sequence
@@ -113,11 +112,12 @@ def serve(config: dict) -> Any:
     from tfreplay.compat import reverb
 
     port = config.get("port") or None
-    if "host" in config:
-        os.environ["TFREPLAY_REVERB_HOST"] = str(config["host"])
+    host = config.get("host")
+    if host is not None and not isinstance(host, str):
+        raise TypeError(f"config: host ({host!r}) must be a string, e.g. '127.0.0.1'.")
     folder = config.get("checkpoint_dir")
     checkpointer = None if folder is None else reverb.checkpointers.DefaultCheckpointer(folder)
-    return reverb.Server(tables_from_config(config), port=port, checkpointer=checkpointer)
+    return reverb.Server(tables_from_config(config), port=port, checkpointer=checkpointer, host=host)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

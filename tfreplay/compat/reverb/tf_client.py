@@ -19,10 +19,10 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.compat.reverb import server as server_lib
+from tfreplay.compat.reverb.engine.items import Column
 from tfreplay.compat.reverb.errors import DtypeMismatchError
-from tfreplay.compat.reverb.items import Column
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
+from tfreplay.compat.reverb.transport import routing
 
 _INFO_DTYPES = list(SampleInfo.tf_dtypes())
 
@@ -31,9 +31,9 @@ class TFClient:
     """TensorFlow ops on the `Server` at `server_address` (of this process or another)."""
 
     def __init__(self, server_address: Any, shared_name: str | None = None, name: str = "reverb"):
-        address = server_lib.text("TFClient", "server_address", server_address)
+        address = routing.text("TFClient", "server_address", server_address)
         if isinstance(address, str):
-            server_lib.parse_port("TFClient", address)
+            routing.split_address("TFClient", address)
         self._address, self._name = address, name
 
     @property
@@ -42,11 +42,11 @@ class TFClient:
 
     def sample(self, table: str, data_dtypes: Any, name: str | None = None) -> ReplaySample:
         """One item of `table`: `ReplaySample(info, data)`, `data` nested as `data_dtypes`."""
-        table = server_lib.text("TFClient.sample", "table", table)
+        table = routing.text("TFClient.sample", "table", table)
         dtypes = [tf.as_dtype(d) for d in tf.nest.flatten(data_dtypes)]
 
         def draw(address: Any, name: Any) -> list:
-            item, info = server_lib.find_table("TFClient.sample", address, name)._sample()
+            item, info = routing.find_table("TFClient.sample", address, name).sample()
             columns = item.columns
             if all(not c.squeeze and len(c.cells) == 1 for c in columns):
                 columns = tuple(Column(c.cells, True) for c in columns)  # one step: a timestep, no time axis
@@ -54,7 +54,7 @@ class TFClient:
             if len(data) != len(dtypes) or any(tf.as_dtype(x.dtype) != d for x, d in zip(data, dtypes)):
                 got = [tf.as_dtype(x.dtype).name for x in data]
                 raise DtypeMismatchError(
-                    f"TFClient.sample: table {server_lib.text('', '', name)!r} holds dtypes {got}; data_dtypes asks "
+                    f"TFClient.sample: table {routing.text('', '', name)!r} holds dtypes {got}; data_dtypes asks "
                     f"{[d.name for d in dtypes]}."
                 )
             fields = [
@@ -91,7 +91,7 @@ class TFClient:
         address = self._address
 
         def put(address: Any, names: np.ndarray, weights: np.ndarray, *values: np.ndarray) -> np.ndarray:
-            server_lib.insert("TFClient.insert", address, list(zip(names, weights)), values)  # as Client.insert
+            routing.insert("TFClient.insert", address, list(zip(names, weights)), values)  # as Client.insert
             return np.array(True)
 
         flat = [tf.convert_to_tensor(x) for x in tf.nest.flatten(data)]
@@ -102,18 +102,18 @@ class TFClient:
 
     def update_priorities(self, table: str, keys: Any, priorities: Any, name: str | None = None) -> Any:
         """Sets the priorities of `keys` (unknown keys are ignored)."""
-        table = server_lib.text("TFClient.update_priorities", "table", table)
+        table = routing.text("TFClient.update_priorities", "table", table)
         keys, priorities = tf.convert_to_tensor(keys), tf.convert_to_tensor(priorities)
 
         def update(address: Any, name: Any, k: np.ndarray, p: np.ndarray) -> np.ndarray:
-            target = server_lib.find_table("TFClient.update_priorities", address, name)
+            target = routing.find_table("TFClient.update_priorities", address, name)
             k, p = np.reshape(k, [-1]), np.reshape(p, [-1])
             if k.shape != p.shape:
                 raise ValueError(
                     f"TFClient.update_priorities: keys ({k.shape[0]}) and priorities ({p.shape[0]}) "
                     "must have the same length."
                 )
-            target._mutate({int(a): float(b) for a, b in zip(k, p)}, [])
+            target.mutate({int(a): float(b) for a, b in zip(k, p)}, [])
             return np.array(True)
 
         if tf.executing_eagerly():

@@ -27,10 +27,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.compat.reverb import writer_structure as structure
+from tfreplay.compat.reverb.engine import columns as structure
+from tfreplay.compat.reverb.engine.columns import path_name
+from tfreplay.compat.reverb.engine.items import Column, Item, check_columns, new_key
 from tfreplay.compat.reverb.errors import DeadlineExceededError
-from tfreplay.compat.reverb.items import Column, Item, check_columns, new_key
-from tfreplay.compat.reverb.writer_structure import path_name
 
 
 class TrajectoryColumn:
@@ -263,11 +263,11 @@ class TrajectoryWriter:
             )
         columns = [leaf._column("create_item") for leaf in leaves]
         target = self._resolve(table)
-        weight = target._checked_priority(f"TrajectoryWriter.create_item (table {table!r})", priority)
+        weight = target.checked_priority(f"TrajectoryWriter.create_item (table {table!r})", priority)
         if self._validate:
             check_columns(f"TrajectoryWriter.create_item (table {table!r})", target.signature, columns)
         episodes = tuple(sorted(set().union(*(leaf._episode_ids() for leaf in leaves))))
-        ticket = target._enqueue(Item(new_key(), weight, tuple(columns), episodes=episodes))
+        ticket = target.enqueue(Item(new_key(), weight, tuple(columns), episodes=episodes))
         self._in_flight.append((target, ticket))
         if self._max_in_flight is not None:
             self._wait_in_flight(self._max_in_flight, None, "create_item")
@@ -292,7 +292,7 @@ class TrajectoryWriter:
             table, ticket = self._in_flight[0]
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                table._await(ticket, left, "insert")
+                table.wait_for(ticket, left, "insert")
             except DeadlineExceededError:
                 raise DeadlineExceededError(
                     f"TrajectoryWriter.{where}: {len(self._in_flight)} items were not taken in by their tables' rate "

@@ -1,4 +1,4 @@
-"""The transport's server side: a `Server`'s tables served over gRPC to clients in other processes.
+"""The transport's server side: a server's `Tables` served over gRPC to clients in other processes.
 
 Three methods of one service, `tfreplay.reverb.Tables`, all carrying
 `wire` messages (no generated code, no pickle):
@@ -32,10 +32,11 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from tfreplay.compat.reverb import wire
+from tfreplay.compat.reverb.engine.items import Item, check_columns, check_key, new_key
+from tfreplay.compat.reverb.engine.table import MAX_DRAWS_PER_CALL, Table
+from tfreplay.compat.reverb.engine.tables import Tables
 from tfreplay.compat.reverb.errors import DeadlineExceededError
-from tfreplay.compat.reverb.items import Item, check_columns, check_key, new_key
-from tfreplay.compat.reverb.table import MAX_DRAWS_PER_CALL, Table
+from tfreplay.compat.reverb.transport import wire
 
 POLL = 1.0
 INSERT_WINDOW = 64
@@ -48,9 +49,9 @@ OPTIONS = [
 ]
 
 
-def start(server: Any, host: str, port: int) -> tuple[grpc.Server, int]:
-    """Serves `server`'s tables on `host:port` (0: a free port); returns the gRPC server and the port."""
-    service = _Service(server)
+def start(tables: Tables, host: str, port: int) -> tuple[grpc.Server, int]:
+    """Serves `tables` on `host:port` (0: a free port); returns the gRPC server and the port."""
+    service = _Service(tables)
     raw = {"request_deserializer": None, "response_serializer": None}
     handlers = {
         "Call": grpc.unary_unary_rpc_method_handler(service.call, **raw),
@@ -75,8 +76,8 @@ def start(server: Any, host: str, port: int) -> tuple[grpc.Server, int]:
 
 
 class _Service:
-    def __init__(self, server: Any):
-        self._server = server
+    def __init__(self, tables: Tables):
+        self._tables = tables
         self._ops: dict[str, Callable] = {
             "info": self._info,
             "insert": self._insert,
@@ -86,7 +87,7 @@ class _Service:
         }
 
     def _table(self, header: dict) -> Table:
-        return self._server._table("Server", wire.field(header, "table", str))
+        return self._tables.table("Server", wire.field(header, "table", str))
 
     def call(self, request: bytes, context: Any) -> bytes:
         try:
@@ -100,7 +101,7 @@ class _Service:
 
     def _info(self, header: dict, arrays: list, context: Any) -> tuple:
         out: list = []
-        tables = [wire.info_out(t.info, out) for t in self._server.tables.values()]
+        tables = [wire.info_out(t.info, out) for t in self._tables.tables.values()]
         return {"tables": tables}, out
 
     def _insert(self, header: dict, arrays: list, context: Any) -> tuple:
@@ -110,7 +111,7 @@ class _Service:
         if not arrays:
             raise wire.WireError("Server: an insert must carry at least one array (a column).")
         tables = [(self._table({"table": name}), priority) for name, priority in targets]
-        self._server._insert_step("Client.insert", tables, arrays, lambda t, item: _patient(context, t._insert, item))
+        self._tables.insert_step("Client.insert", tables, arrays, lambda t, item: _patient(context, t.insert, item))
         return {}, []
 
     def _mutate(self, header: dict, arrays: list, context: Any) -> tuple:
@@ -118,15 +119,15 @@ class _Service:
         if not all(isinstance(u, list) and len(u) == 2 for u in updates):
             raise wire.WireError(f"Server: updates ({updates!r}) must be a list of [key, priority].")
         deletes = wire.keys(header.get("deletes"), "Server", "deletes")
-        self._table(header)._mutate({check_key("Server", k): p for k, p in updates}, deletes)
+        self._table(header).mutate({check_key("Server", k): p for k, p in updates}, deletes)
         return {}, []
 
     def _reset(self, header: dict, arrays: list, context: Any) -> tuple:
-        self._table(header)._reset()
+        self._table(header).reset()
         return {}, []
 
     def _checkpoint(self, header: dict, arrays: list, context: Any) -> tuple:
-        return {"path": self._server._checkpoint()}, []
+        return {"path": self._tables.checkpoint()}, []
 
     def sample(self, requests: Iterator[bytes], context: Any) -> Iterator[bytes]:
         for request in requests:
@@ -152,7 +153,7 @@ class _Service:
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                return table._sample_many(n, POLL if left is None else min(left, POLL))
+                return table.sample_many(n, POLL if left is None else min(left, POLL))
             except DeadlineExceededError:
                 if left is not None and left <= POLL:
                     raise
@@ -170,7 +171,7 @@ class _Service:
                 table, ticket, error = entry
                 if error is None:
                     try:
-                        if _patient(context, table._await, ticket) is None:
+                        if _patient(context, table.wait_for, ticket) is None:
                             return
                     except Exception as e:
                         error = e
@@ -203,12 +204,12 @@ class _Service:
         header, arrays = wire.decode(request)
         table = self._table(header)
         where = f"TrajectoryWriter.create_item (table {table.name!r})"
-        weight = table._checked_priority(where, header.get("priority"))
+        weight = table.checked_priority(where, header.get("priority"))
         columns = wire.columns_in(header.get("columns"), arrays, where)
         if header.get("validate") is True:
             check_columns(where, table.signature, columns)
         episodes = tuple(wire.keys(header.get("episodes"), where, "episodes"))
-        return table, table._enqueue(Item(new_key(), weight, columns, episodes=episodes)), None
+        return table, table.enqueue(Item(new_key(), weight, columns, episodes=episodes)), None
 
 
 def _patient(context: Any, wait: Callable, *args: Any) -> Any:

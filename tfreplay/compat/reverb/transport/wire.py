@@ -21,8 +21,9 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfreplay.compat.reverb import errors, rate_limiters, selectors
-from tfreplay.compat.reverb.items import Column
+from tfreplay.compat.reverb import errors
+from tfreplay.compat.reverb.engine import rate_limiters, selectors
+from tfreplay.compat.reverb.engine.items import Column
 
 SERVICE = "tfreplay.reverb.Tables"  # the gRPC service both sides name
 MAX_MESSAGE = 1 << 30
@@ -256,7 +257,7 @@ def info_out(info: Any, arrays: list) -> dict:
 
 
 def info_in(described: dict, arrays: list) -> Any:
-    from tfreplay.compat.reverb.table import TableInfo
+    from tfreplay.compat.reverb.engine.table import TableInfo
 
     spi, min_size, min_diff, max_diff = described["limiter"]
     inserts, samples, deletes = described["counts"]

@@ -1,9 +1,10 @@
 """The transport's client side: a server in another process (or machine) seen as tables of this one.
 
-`RemoteServer` and `RemoteTable` answer the calls `Client`, `TFClient`, the
-writers and `TrajectoryDataset` make of a local `Server` and `Table`, by
-carrying them to the server at `host:port` (`grpc_server`). A process
-holds one `RemoteServer` (one channel) per address.
+`RemoteServer` and `RemoteTable` are the engine's `Endpoint` and
+`TableEndpoint` for a server elsewhere: they answer the calls `Client`,
+`TFClient`, the writers and `TrajectoryDataset` make, by carrying them to
+the server at `host:port` (`transport.server`). A process holds one
+`RemoteServer` (one channel) per address.
 
 - Samples go over lockstep streams (one request, then its answer), taken
   from a pool, one per concurrent caller: a dataset's draws in flight are
@@ -29,9 +30,10 @@ from typing import Any, Iterator, Sequence
 import grpc
 import tensorflow as tf
 
-from tfreplay.compat.reverb import errors, wire
-from tfreplay.compat.reverb.items import Item
-from tfreplay.compat.reverb.table import checked_priority
+from tfreplay.compat.reverb import errors
+from tfreplay.compat.reverb.engine.items import Item
+from tfreplay.compat.reverb.engine.table import checked_priority
+from tfreplay.compat.reverb.transport import wire
 
 CONNECT_TIMEOUT = 60.0
 INSERT_WINDOW = 128
@@ -121,26 +123,26 @@ class RemoteServer:
         wire.raise_error(answer)
         return answer, out
 
-    def _server_info(self, timeout: Any = None) -> dict:
+    def server_info(self, timeout: Any = None) -> dict:
         answer, arrays = self.request({"op": "info"}, timeout=timeout)
         infos = {d["name"]: wire.info_in(d, arrays) for d in answer["tables"]}
         with self._lock:
             self._tables = {name: RemoteTable(self, info) for name, info in infos.items()}
         return infos
 
-    def _table(self, where: str, name: str) -> RemoteTable:
+    def table(self, where: str, name: str) -> RemoteTable:
         if name not in self._tables:
-            self._server_info()
+            self.server_info()
         if name not in self._tables:
             raise errors.NotFoundError(
                 f"{where}: table ({name!r}) is not on the server at {self.address}; its tables: {sorted(self._tables)}."
             )
         return self._tables[name]
 
-    def _checkpoint(self) -> str:
+    def checkpoint(self) -> str:
         return self.request({"op": "checkpoint"})[0]["path"]
 
-    def _insert_step(self, where: str, targets: Sequence[tuple[str, Any]], values: Sequence[Any]) -> None:
+    def insert_step(self, where: str, targets: Sequence[tuple[str, Any]], values: Sequence[Any]) -> None:
         """One step into each `(table name, priority)` of `targets`, under one key (waits for rate limiters)."""
         pairs = [[name, float(p) if isinstance(p, (int, float)) else p] for name, p in targets]
         self.request({"op": "insert", "targets": pairs}, list(values))
@@ -189,30 +191,30 @@ class RemoteTable:
 
     @property
     def info(self) -> Any:
-        return self._server._server_info()[self.name]
+        return self._server.server_info()[self.name]
 
-    def _checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
+    def checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
         return checked_priority(where, priority, name, self.name, self._settings)
 
-    def _sample(self, timeout: float | None = None) -> tuple:
-        return self._sample_many(1, timeout)[0]
+    def sample(self, timeout: float | None = None) -> tuple:
+        return self.sample_many(1, timeout)[0]
 
-    def _sample_many(self, n: int, timeout: float | None = None) -> list:
+    def sample_many(self, n: int, timeout: float | None = None) -> list:
         return self._server.sample(self.name, n, timeout)
 
-    def _enqueue(self, item: Item) -> _Ticket:
+    def enqueue(self, item: Item) -> _Ticket:
         return self._server.enqueue(self.name, item)
 
-    def _await(self, ticket: _Ticket, timeout: float | None, what: str = "insert") -> None:
+    def wait_for(self, ticket: _Ticket, timeout: float | None, what: str = "insert") -> None:
         ticket.wait(timeout)
 
-    def _mutate(self, updates: dict, deletes: Sequence[int]) -> None:
+    def mutate(self, updates: dict, deletes: Sequence[int]) -> None:
         pairs = [[int(k), float(p) if isinstance(p, (int, float)) else p] for k, p in updates.items()]
         self._server.request(
             {"op": "mutate", "table": self.name, "updates": pairs, "deletes": [int(k) for k in deletes]}
         )
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         self._server.request({"op": "reset", "table": self.name})
 
 

@@ -22,9 +22,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from tfreplay.compat.reverb import server as server_lib
 from tfreplay.compat.reverb.errors import DeadlineExceededError, ServerStoppedError, SignatureError
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
+from tfreplay.compat.reverb.transport import routing
 
 POLL = 0.1  # seconds a draw waits before handing tf.data a placeholder (see the module doc)
 
@@ -89,10 +89,10 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
             raise ValueError(
                 f"TrajectoryDataset: rate_limiter_timeout_ms ({rate_limiter_timeout_ms!r}) must be an integer >= -1."
             )
-        address = server_lib.text("TrajectoryDataset", "server_address", server_address)
-        name = server_lib.text("TrajectoryDataset", "table", table)
+        address = routing.text("TrajectoryDataset", "server_address", server_address)
+        name = routing.text("TrajectoryDataset", "table", table)
         if isinstance(address, str) and isinstance(name, str):  # graph tensors: found when iterated
-            server_lib.find_table("TrajectoryDataset", address, name)  # a wrong address or table fails here
+            routing.find_table("TrajectoryDataset", address, name)  # a wrong address or table fails here
         specs = tf.nest.map_structure(
             lambda d, s: tf.TensorSpec(tf.TensorShape(s), tf.as_dtype(d)), _tuples(dtypes), _tuples(shapes)
         )
@@ -123,7 +123,7 @@ class TrajectoryDataset(dataset_ops.DatasetSource):
         max_samples: int = -1,
     ) -> TrajectoryDataset:
         """A dataset whose dtypes and shapes are the table's signature (which it must have)."""
-        signature = server_lib.find_table("TrajectoryDataset.from_table_signature", server_address, table).signature
+        signature = routing.find_table("TrajectoryDataset.from_table_signature", server_address, table).signature
         if signature is None:
             raise ValueError(
                 f"TrajectoryDataset.from_table_signature: table ({table!r}) has no signature; give the Table a "
@@ -152,7 +152,7 @@ class _Draws:
 
     def __call__(self, address: bytes, name: bytes) -> Iterator[ReplaySample]:
         try:
-            table = server_lib.find_table("TrajectoryDataset", address, name)
+            table = routing.find_table("TrajectoryDataset", address, name)
         except ServerStoppedError:
             return  # the server was stopped before this iterator began
         self.table = table.name
@@ -163,7 +163,7 @@ class _Draws:
             left = None if deadline is None else deadline - time.monotonic()
             n = self.per_call if self.max_samples < 0 else min(self.per_call, self.max_samples - count)
             try:
-                draws = table._sample_many(n, POLL if left is None else max(min(POLL, left), 0.0))
+                draws = table.sample_many(n, POLL if left is None else max(min(POLL, left), 0.0))
             except ServerStoppedError:
                 return
             except DeadlineExceededError:

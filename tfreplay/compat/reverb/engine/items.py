@@ -44,7 +44,7 @@ class Item:
 
 
 class Ticket:
-    """An item on its way into a table (`_enqueue`); `done` once it is in."""
+    """An item on its way into a table (`enqueue`); `done` once it is in."""
 
     __slots__ = ("item", "done")
 

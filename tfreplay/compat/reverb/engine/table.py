@@ -9,7 +9,7 @@ item went (`num_deleted_episodes`).
 
 Every call takes the table's condition variable; a call the rate limiter
 does not admit waits on it (with a deadline if given) and every change wakes
-the waiters. A writer's items go through a queue instead (`_enqueue`): each
+the waiters. A writer's items go through a queue instead (`enqueue`): each
 goes in as soon as the rate limiter admits it, in order, when a sample or a
 removal makes room, and the writer's `flush` waits for its own. A priority,
 a key and an item are checked before anything changes. `Server.stop()`
@@ -29,11 +29,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import specs
-from tfreplay.compat.reverb import items, rate_limiters, selectors
+from tfreplay.compat.reverb.engine import items, rate_limiters, selectors
+from tfreplay.compat.reverb.engine.items import Column, Item, Ticket, check_columns, check_key, new_key
 from tfreplay.compat.reverb.errors import DeadlineExceededError, ServerStoppedError
-from tfreplay.compat.reverb.items import Column, Item, Ticket, check_columns, check_key, new_key
 
-MAX_DRAWS_PER_CALL = 1024  # the most draws one `_sample_many` takes under the lock
+MAX_DRAWS_PER_CALL = 1024  # the most draws one `sample_many` takes under the lock
 
 
 @dataclasses.dataclass
@@ -199,19 +199,19 @@ class Table:
                 )
             self._cond.wait(1.0 if left is None else min(left, 1.0))  # wakes to see a stop without a notify
 
-    def _checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
+    def checked_priority(self, where: str, priority: Any, name: str = "priority") -> float:
         """`priority` as a float, or ValueError: it must be finite, >= 0, and its selectors' weight finite."""
         return checked_priority(where, priority, name, self._name, (self._sampler_setting, self._remover_setting))
 
-    def _insert(self, item: Item, timeout: float | None = None) -> None:
+    def insert(self, item: Item, timeout: float | None = None) -> None:
         """Inserts `item` once the rate limiter admits it (an existing key: its priority and data are replaced)."""
-        self._checked_priority(f"Table {self._name!r}: insert", item.priority)
+        self.checked_priority(f"Table {self._name!r}: insert", item.priority)
         with self._cond:
             self._wait(lambda: not self._pending and self._counts.can_insert(len(self._items), 1), timeout, "insert")
             self._put(item)
             self._changed()
 
-    def _enqueue(self, item: Item) -> Ticket:
+    def enqueue(self, item: Item) -> Ticket:
         """Queues `item` (its priority checked by the caller) to go in when admitted; it may go in at once."""
         with self._cond:
             if self._closed:
@@ -221,7 +221,7 @@ class Table:
             self._changed()
             return ticket
 
-    def _await(self, ticket: Ticket, timeout: float | None, what: str = "insert") -> None:
+    def wait_for(self, ticket: Ticket, timeout: float | None, what: str = "insert") -> None:
         """Waits until `ticket`'s item is in (DeadlineExceededError after `timeout` seconds; it stays queued)."""
         with self._cond:
             if not ticket.done:  # an item in before a stop counts as in
@@ -249,11 +249,11 @@ class Table:
             ticket.done = True
         self._cond.notify_all()
 
-    def _sample(self, timeout: float | None = None) -> tuple[Item, tuple]:
+    def sample(self, timeout: float | None = None) -> tuple[Item, tuple]:
         """Draws one item: `(item, (key, probability, table_size, priority, times_sampled))`."""
-        return self._sample_many(1, timeout)[0]
+        return self.sample_many(1, timeout)[0]
 
-    def _sample_many(self, n: int, timeout: float | None = None) -> list[tuple[Item, tuple]]:
+    def sample_many(self, n: int, timeout: float | None = None) -> list[tuple[Item, tuple]]:
         """Waits for one draw, then takes up to `n - 1` more while the rate limiter admits them at once (a
         dataset's samples in flight, under one lock)."""
         with self._cond:
@@ -289,12 +289,12 @@ class Table:
                 del self._episodes[episode]
                 self._deleted_episodes += 1
 
-    def _mutate(self, updates: dict, deletes: Sequence[int]) -> None:
+    def mutate(self, updates: dict, deletes: Sequence[int]) -> None:
         """Sets the priorities of `updates`' keys, then removes `deletes`' keys; unknown keys are ignored. Every
         key and priority is checked first: a refused call changes nothing."""
         where = f"Table {self._name!r}: mutate_priorities"
         weights = {
-            check_key(where, key): self._checked_priority(where, priority, f"priority of key {key}")
+            check_key(where, key): self.checked_priority(where, priority, f"priority of key {key}")
             for key, priority in updates.items()
         }
         doomed = [check_key(where, key) for key in deletes]
@@ -310,17 +310,17 @@ class Table:
                     self._drop(key)
             self._changed()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         with self._cond:
             self._clear()
             self._changed()
 
-    def _close(self) -> None:
+    def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
 
-    def _snapshot(self) -> tuple[list[Item], dict]:
+    def snapshot(self) -> tuple[list[Item], dict]:
         """The items in insertion order and the counts, for a checkpoint."""
         with self._cond:
             c = self._counts
@@ -328,7 +328,7 @@ class Table:
             counts.update(deleted_episodes=self._deleted_episodes, unique_samples=self._unique_samples)
             return list(self._items.values()), counts
 
-    def _restore(self, items: list[Item], counts: dict) -> None:
+    def restore(self, items: list[Item], counts: dict) -> None:
         """Replaces the table's items and counts with checked ones (a checkpoint's)."""
         with self._cond:
             self._clear()
@@ -361,15 +361,15 @@ def insert_step(
     where: str, targets: Sequence[tuple[Table, Any]], values: Sequence[Any], put: Callable | None = None
 ) -> None:
     """Inserts one step (`values`: one array a column) as one item, under one key, into each `(table, priority)`
-    of `targets` (`Client.insert`, `TFClient.insert`) with `put(table, item)` (None: `table._insert(item)`,
+    of `targets` (`Client.insert`, `TFClient.insert`) with `put(table, item)` (None: `table.insert(item)`,
     which waits for the rate limiter). Every signature and priority is checked before the first insert, so a
     refused call changes no table."""
     columns = tuple(Column((np.array(v),), False) for v in values)
     weights = []
     for table, priority in targets:
         check_columns(f"{where} (table {table.name!r})", table.signature, columns, step_shapes=True)
-        weights.append(table._checked_priority(f"{where} (table {table.name!r})", priority))
+        weights.append(table.checked_priority(f"{where} (table {table.name!r})", priority))
     key, episode = new_key(), new_key()  # one step: an episode of its own, as Reverb's insert
     for (table, _), weight in zip(targets, weights):
         item = Item(key, weight, columns, episodes=(episode,))
-        table._insert(item) if put is None else put(table, item)
+        table.insert(item) if put is None else put(table, item)
