@@ -47,6 +47,11 @@ def test_a_heap_follows_priority_updates(serve):
     assert draw(client, "t", 1) == [1]
 
 
+# The tables draw from the operating system's entropy (unseeded), so a fair selector fails a test at this floor once
+# in a million runs; one that draws an item 15% too often (chi-square about 45 over 14,000 draws) is below it.
+P_FLOOR = 1e-6
+
+
 def chi_square_p(counts, probabilities) -> float:
     expected = np.asarray(probabilities) / np.sum(probabilities) * np.sum(counts)
     return stats.chisquare(counts, expected).pvalue
@@ -60,7 +65,7 @@ def test_prioritized_draws_in_proportion_to_priority_to_the_exponent(serve, expo
     samples = list(client.sample("t", 20000, emit_timesteps=False))
     counts = np.bincount([int(s.data[0]) for s in samples], minlength=5)
     mass = priorities**exponent
-    assert chi_square_p(counts, mass) > 1e-4
+    assert chi_square_p(counts, mass) > P_FLOOR
     reported = {int(s.data[0]): s.info.probability for s in samples[:200]}
     for value, probability in reported.items():
         assert probability == pytest.approx(mass[value] / mass.sum())
@@ -71,7 +76,7 @@ def test_uniform_draws_each_item_alike_and_reports_one_over_size(serve):
     insert_ints(client, "t", range(7))
     samples = list(client.sample("t", 14000, emit_timesteps=False))
     counts = np.bincount([int(s.data[0]) for s in samples], minlength=7)
-    assert chi_square_p(counts, np.ones(7)) > 1e-4
+    assert chi_square_p(counts, np.ones(7)) > P_FLOOR
     assert all(s.info.probability == pytest.approx(1 / 7) for s in samples)
 
 

@@ -310,3 +310,37 @@ def test_a_config_with_a_wrong_field_is_refused_naming_it():
         serve.tables_from_config({"tables": [dict(good, rate_limiter={"kind": "min_size", "size": 3})]})
     with pytest.raises(ValueError, match=r"config: tables \(\[\]\) must be a non-empty list"):
         serve.tables_from_config({"tables": []})
+
+
+def non_loopback_address() -> str | None:
+    """This machine's address on a network interface, or None when it has only the loopback one."""
+    import socket
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))  # picks the outgoing interface; sends nothing
+        address = probe.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+def test_a_server_given_a_host_listens_on_that_interface_only(monkeypatch):
+    import os
+    import socket
+
+    monkeypatch.delenv("TFREPLAY_REVERB_HOST", raising=False)
+    with pytest.raises(ValueError, match=r"Server: host \(''\) must be None or an interface's address"):
+        reverb.Server([reverb.Table.queue("q", 1)], host="")
+    server = serve.serve({"host": "127.0.0.1", "tables": [{"name": "q", "max_size": 1, "rate_limiter": MIN_SIZE_1}]})
+    try:
+        assert "TFREPLAY_REVERB_HOST" not in os.environ  # the config's host is the server's, not the process's
+        socket.create_connection(("127.0.0.1", server.port), timeout=2.0).close()
+        other = non_loopback_address()
+        if other is not None:
+            with pytest.raises(OSError):
+                socket.create_connection((other, server.port), timeout=2.0).close()
+    finally:
+        server.stop()
