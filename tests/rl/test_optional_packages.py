@@ -2,6 +2,8 @@
 once, in one line each, what it leaves out."""
 
 import importlib.util
+import sys
+import types
 
 import pytest
 
@@ -70,3 +72,15 @@ def test_no_progress_prints_nothing_and_tells_nothing(without, capsys):
     with _optional.progress_bar(total=10, initial=0, enabled=False) as bar:
         bar.update(10)
     assert capsys.readouterr() == ("", "")
+
+
+def test_in_a_notebook_without_widgets_progress_is_a_line_per_tenth_not_a_text_bar(without, monkeypatch, capsys):
+    # tqdm's text bar in a notebook kernel leaves one output per refresh in the saved notebook.
+    without("ipywidgets")
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    with _optional.progress_bar(total=1000, initial=0, enabled=True) as bar:
+        for _ in range(10):
+            bar.update(100)
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"{n:,}/1,000 steps ({n // 10}%)" for n in range(100, 1001, 100)]
+    assert err == ""

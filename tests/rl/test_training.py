@@ -141,7 +141,7 @@ def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_evaluations_keep_the_best_weights_and_can_stop_early():
+def test_evaluations_keep_the_best_weights_and_can_stop_early(capsys):
     config = DqnConfig(
         **{
             **SMALL,
@@ -149,11 +149,15 @@ def test_evaluations_keep_the_best_weights_and_can_stop_early():
             "eval_interval": 100,
             "num_interval_eval_episodes": 2,
             "stop_at_return": 0.0,
+            "progress": True,
         }
     )
     result = train_dqn(config)
     assert result.num_env_steps == 200  # the first evaluation, right after initial collection, reaches 0
     assert result.history[-1]["env_steps"] == 200 and result.history[-1]["eval_return"] >= 8
+    reached = result.history[-1]["eval_return"]
+    stopped = f"stopped early at 200 of 2,000 environment steps: an evaluation's return ({reached:.1f}) reached "
+    assert stopped + "stop_at_return (0)." in capsys.readouterr().out.splitlines()  # a run cut short says so
     assert len(result.eval_returns) == 3 and all(1 <= r <= 500 for r in result.eval_returns)
 
     run = training._Run(DqnConfig(**{**SMALL, "eval_interval": 80, "num_interval_eval_episodes": 2}))

@@ -66,11 +66,14 @@ class _Lines(_NoBar):
 
 
 def progress_bar(total: int, initial: int, enabled: bool) -> Any:
-    """A tqdm bar over `total` steps from `initial`; plain lines without tqdm; nothing if not `enabled`."""
+    """A tqdm bar over `total` steps from `initial` (a widget in a notebook with ipywidgets); plain lines without
+    tqdm or in a notebook without ipywidgets; nothing if not `enabled`."""
     if not enabled:
         return _NoBar()
     if not available("tqdm", "progress is printed as plain lines"):
         return _Lines(total, initial)
+    if "ipykernel" in sys.modules and importlib.util.find_spec("ipywidgets") is None:
+        return _Lines(total, initial)  # tqdm's text bar would leave one output per refresh in a saved notebook
     import warnings
 
     with warnings.catch_warnings():  # tqdm.auto warns in a notebook without ipywidgets, then prints text

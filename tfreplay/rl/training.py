@@ -414,6 +414,13 @@ class _Run:
                     self.save()
         if not self.history or self.history[-1]["env_steps"] != int(self.env_steps.numpy()):
             self.log(loss, time.perf_counter() - start)
+        if stop and c.progress:
+            reached = self.history[-1].get("eval_return", float("nan"))
+            print(
+                f"stopped early at {int(self.env_steps.numpy()):,} of {c.num_env_steps:,} environment steps: an "
+                f"evaluation's return ({reached:.1f}) reached stop_at_return ({c.stop_at_return:g}).",
+                flush=True,
+            )
         return time.perf_counter() - start
 
     def restore_best(self) -> None:
