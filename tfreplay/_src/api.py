@@ -94,16 +94,21 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
         """Every `tf.Variable` of the buffer: a method, as in TF-Agents (`tf.Module` has a property)."""
         return tuple(self._flatten(predicate=_is_variable, expand_composites=True))
 
-    def num_frames(self) -> Any:
-        """How many items are stored now (not how many were ever added)."""
+    def num_frames(self) -> tf.Tensor | int:
+        """How many items are stored now (not how many were ever added): a scalar int64 tensor from a TF
+        buffer, an `int` from a NumPy one."""
         return self._num_frames()
 
-    def add_batch(self, items: Nest) -> Any:
+    def add_batch(self, items: Nest) -> tf.Tensor | None:
         """Adds a batch of items: a nest like `data_spec` with an outer batch dim.
 
         A rejected batch (wrong structure, dtype, shape or batch size) raises
         `TypeError`/`ValueError` naming the leaf and leaves the buffer unchanged.
         With a `rate_limiter` it first waits for room (see `close()`).
+
+        Returns:
+          A TF buffer: a tensor to depend on inside a graph (the write is done
+          when it is). A NumPy buffer: None.
         """
         self._gate.check_open("add_batch")
         return self._add_batch(items)
@@ -213,8 +218,12 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
         frames, return every valid transition instead: `[num_transitions, ...]`, segment by segment."""
         return self._gather_all()
 
-    def clear(self) -> Any:
-        """Empties the buffer; capacity and spec stay. A rate limiter's counts start again from zero."""
+    def clear(self) -> tf.Tensor | None:
+        """Empties the buffer; capacity and spec stay. A rate limiter's counts start again from zero.
+
+        Returns:
+          A TF buffer: a tensor to depend on inside a graph. A NumPy buffer: None.
+        """
         return self._gate.after_clear(self._clear())
 
     def close(self) -> None:

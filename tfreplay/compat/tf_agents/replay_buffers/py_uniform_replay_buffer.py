@@ -56,10 +56,11 @@ class PyUniformReplayBuffer(buffers.PyUniformReplayBuffer):
         conversions are made, and anything lossy is still refused.
         """
         if not self._int_leaves:
-            return super().add_batch(items)
+            super().add_batch(items)
+            return
         flat = specs.flatten_items("add_batch", self._data_spec, items)  # a bad structure: tfreplay's own error
         flat = [_exact_int(x, dtype) if dtype else x for x, dtype in zip(flat, self._int_leaves)]
-        return super().add_batch(tf.nest.pack_sequence_as(self._data_spec, flat))
+        super().add_batch(tf.nest.pack_sequence_as(self._data_spec, flat))
 
     def get_next(  # type: ignore[override]
         self, sample_batch_size: Any = None, num_steps: Any = None, time_stacked: bool = True, *, transform: Any = None
