@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn bench-peers bazel-test test-wheel tutorials docs
+.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn bench-peers bazel-test test-wheel tutorials tutorials-site docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ DEMO_STAMP := $(VENV)/.installed-rl
 $(DEMO_STAMP): setup.py $(KERNELS) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e ".[rl]"
 	touch $(DEMO_STAMP)
+
+# The tutorials as the site shows them: each run with its own parameters in a fresh kernel, saved with its outputs
+# and plots as docs/tutorials/NN_topic.ipynb (committed; `make test` checks they hold the current cells).
+# `make tutorials-site ARGS=02_collect_and_train` reruns one.
+tutorials-site: $(STAMP)
+	$(PY) tutorials/execute.py $(ARGS)
 
 demo: $(DEMO_STAMP)
 	$(PY) -m tfreplay.rl.demo $(ARGS)

@@ -27,23 +27,12 @@
 #
 # ## Setup
 #
-# The first cell prepares the kernel before anything imports TensorFlow:
-#
-# * it sets `TF_CPP_MIN_LOG_LEVEL`, TensorFlow's C++ log level, which TensorFlow reads once, when it is imported;
-# * it defines `start_up_messages_held`. A few of TensorFlow's start-up messages (on oneDNN, or on CUDA drivers
-#   where there is no GPU) are written before the log level applies, straight to the process's standard error,
-#   where Python's `sys.stderr` cannot catch them. Imports inside `with start_up_messages_held():` hold them back,
-#   and show them only if an import fails;
-# * if this kernel cannot import tfreplay (a fresh Colab runtime, say), it installs tfreplay with pip from a wheel
-#   or a source checkout. It never downloads tfreplay from a package index. Tell it where with the environment
-#   variable `TFREPLAY_WHEEL`: the path of a wheel or of a checkout. `pip wheel --no-deps -w dist .` in a checkout
-#   builds a wheel for the Python version and platform it runs on; in Colab, upload one built for the runtime's and
-#   run `%env TFREPLAY_WHEEL=/content/<the wheel's file name>` before this cell. Unset, it installs the checkout
-#   this notebook belongs to (`..`, the folder above `tutorials/`).
-#
-# Where tfreplay is already installed, the cell installs nothing.
+# The first cell readies the kernel: it keeps TensorFlow's start-up messages out of the outputs and, where this kernel
+# cannot import tfreplay (a fresh Colab runtime, say), installs it from the wheel or checkout that the environment
+# variable `TFREPLAY_WHEEL` names (by default the checkout above `tutorials/`), never from a package index. The
+# documentation site hides it; it is the same in every tutorial.
 
-# %%
+# %% tags=["setup"]
 import contextlib
 import importlib.util
 import os

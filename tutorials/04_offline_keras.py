@@ -27,17 +27,12 @@
 #
 # ## Setup
 #
-# As in the first tutorial, the first cell:
-#
-# * sets TensorFlow's C++ log level before TensorFlow is imported;
-# * defines `start_up_messages_held`, which holds back the start-up messages TensorFlow writes before that level
-#   applies;
-# * if this kernel cannot import tfreplay, installs it with its `examples` extra (gymnasium, tf-keras, matplotlib,
-#   ...) and its `datasets` extra (tensorflow-datasets) from the wheel or checkout that the environment variable
-#   `TFREPLAY_WHEEL` names, by default the checkout this notebook belongs to (`..`). It never downloads tfreplay
-#   from a package index, and installs nothing where tfreplay is already installed.
+# The first cell readies the kernel: it keeps TensorFlow's start-up messages out of the outputs and, where this kernel
+# cannot import tfreplay (a fresh Colab runtime, say), installs it with its `examples` and `datasets` extras from the
+# wheel or checkout that the environment variable `TFREPLAY_WHEEL` names (by default the checkout above `tutorials/`),
+# never from a package index. The documentation site hides it; it is the same in every tutorial.
 
-# %%
+# %% tags=["setup"]
 import contextlib
 import importlib.util
 import os

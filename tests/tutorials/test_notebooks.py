@@ -160,3 +160,28 @@ def test_tutorial_runs_without_tensorflows_start_up_messages(path, tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     noise = [text(o) for o in outputs if START_UP_NOISE.search(text(o))]
     assert not noise, f"{path.name} prints TensorFlow's start-up messages: {noise}"
+
+
+SITE = ROOT / "docs" / "tutorials"
+
+
+def cell_sources(nb):
+    return [(c.cell_type, c.source) for c in nb.cells]
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_the_site_shows_each_tutorial_as_it_ran_from_its_current_cells(path):
+    # `make tutorials-site` writes these; a tutorial edited without rerunning it fails here.
+    shown = SITE / f"{path.stem}.ipynb"
+    assert shown.exists(), f"{shown.relative_to(ROOT)} is missing: run `make tutorials-site ARGS={path.stem}`"
+    ran = jupytext.read(shown)
+    assert cell_sources(ran) == cell_sources(notebook(path)), f"{shown.name} is stale: run `make tutorials-site`"
+    cells = code_cells(ran)
+    assert [c.execution_count for c in cells] == list(range(1, len(cells) + 1)), "every cell ran, in order"
+    outputs = [o for c in cells for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert not [text(o) for o in outputs if START_UP_NOISE.search(text(o))]
+    assert "setup" in cells[0].metadata.get("tags", []), "the site hides the setup cell by this tag"
+    for cell in cells:  # progress is a line per tenth of a run, never one output per refresh
+        assert sum(o.output_type == "stream" for o in cell.outputs) <= 12, cell.source[:80]
+        assert sum(text(o).count("\n") for o in cell.outputs if o.output_type == "stream") <= 60, cell.source[:80]
