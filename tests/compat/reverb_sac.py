@@ -52,6 +52,7 @@ def job_args(args: argparse.Namespace, root: str, port: int) -> dict[str, list[s
     clients = [f"--replay_buffer_server_address={address}", f"--variable_container_server_address={address}"]
     common = [f"--root_dir={root}", "--alsologtostderr"]
     gym = "@suite_gym.load"
+    ratio = args.batch_size if args.samples_per_insert is None else args.samples_per_insert
     jobs = {
         "server": [
             str(examples / "sac/sac_reverb_server.py"),
@@ -59,7 +60,7 @@ def job_args(args: argparse.Namespace, root: str, port: int) -> dict[str, list[s
             f"--port={port}",
             f"--replay_buffer_capacity={args.capacity}",
             f"--min_table_size_before_sampling={args.initial_steps}",
-            *([f"--samples_per_insert={args.samples_per_insert}"] if args.samples_per_insert else []),
+            *([f"--samples_per_insert={ratio}"] if ratio else []),
         ],
         "collect": [
             str(examples / "sac/sac_collect.py"),
@@ -86,7 +87,7 @@ def job_args(args: argparse.Namespace, root: str, port: int) -> dict[str, list[s
             str(examples / "eval_job.py"),
             *common,
             f"--variable_container_server_address={address}",
-            f"--gin_bindings=evaluate.environment_name={args.env!r}".replace("'", '"'),
+            f'--gin_bindings=evaluate.environment_name="{args.env}"',
             f"--gin_bindings=evaluate.suite_load_fn={gym}",
             f"--gin_bindings=evaluate.eval_interval={args.eval_interval}",
             f"--gin_bindings=evaluate.eval_episodes={args.eval_episodes}",
@@ -248,9 +249,9 @@ def main() -> None:
     parser.add_argument(
         "--samples-per-insert",
         type=int,
-        default=256,
-        help="the server's rate limiter: items sampled per item inserted (256 with batches of 256: one env step "
-        "per train step, as SAC's own loop; 0: no limit, the collect job runs ahead)",
+        default=None,
+        help="the server's rate limiter: items sampled per item inserted (default: the batch size, one env step "
+        "per train step as in SAC's own loop; 0: no limit, the collect job runs ahead)",
     )
     parser.add_argument("--iterations-per-call", type=int, default=50, help="train steps between weight pushes")
     parser.add_argument("--eval", action="store_true", help="run the example's eval job too (greedy policy)")
