@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn bench-peers bazel-test test-wheel tutorials tutorials-site docs
+.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bazel-test test-wheel tutorials tutorials-site docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -186,7 +186,7 @@ $(REVERB_OPS): $(REVERB_STAMP) $(KERNELS)
 	touch $(REVERB_OPS)
 
 # The servers these lanes start listen on the loopback interface only.
-test-reverb reverb-dqn: export TFREPLAY_REVERB_HOST = 127.0.0.1
+test-reverb reverb-dqn reverb-sac: export TFREPLAY_REVERB_HOST = 127.0.0.1
 
 test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) $(REVERB_PYTEST) \
@@ -199,6 +199,13 @@ test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
 # 195 on CartPole, with its checkpoint saved and reloaded; prints the time, env steps, steps/s and the returns.
 reverb-dqn: $(REVERB_OPS)
 	TF_USE_LEGACY_KERAS=1 PYTHONPATH=$(CURDIR) $(REVERB_PY) tests/compat/reverb_dqn.py $(ARGS)
+
+# TF-Agents' distributed SAC example (examples/sac/sac_{reverb_server,collect,train}.py and eval_job.py, unmodified,
+# from a source checkout: the wheel leaves them out) as separate processes on TF 2.21 over the shim, on Pendulum-v1
+# to an average return above -400; prints the time, env and train steps, the returns and the policy steps the collect
+# job pulled. Get the checkout with `git clone --branch v0.19.0 --depth 1 https://github.com/tensorflow/agents`.
+reverb-sac: $(REVERB_OPS)
+	TF_USE_LEGACY_KERAS=1 PYTHONPATH=$(CURDIR) $(REVERB_PY) tests/compat/reverb_sac.py $(TFA_SRC) $(ARGS)
 
 # Bazel 4.2.3 from Debian (bazel-bootstrap, with bazel-bootstrap-source for the rule mocks .bazelrc names; both
 # installed when missing), offline: builds every target and runs a few fast test targets with the venv's Python.
