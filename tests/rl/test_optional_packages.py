@@ -2,6 +2,7 @@
 once, in one line each, what it leaves out."""
 
 import importlib.util
+import re
 
 import pytest
 
@@ -70,3 +71,17 @@ def test_no_progress_prints_nothing_and_tells_nothing(without, capsys):
     with _optional.progress_bar(total=10, initial=0, enabled=False) as bar:
         bar.update(10)
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.slow
+def test_progress_shows_no_loss_before_the_first_train_step(without, capsys):
+    without("tqdm")  # plain lines: each shows the latest figures
+    config = dict(SMALL, num_env_steps=160, initial_collect_steps=80, log_interval=24, num_eval_episodes=1)
+    train_dqn(**config, progress=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if " steps (" in line]
+    before = [line for line in lines if int(line.split("/")[0].replace(",", "")) <= 80]
+    after = [line for line in lines if line not in before]
+    assert before and after, lines
+    assert not [line for line in before if "loss=" in line]  # no train step yet: no loss to show
+    assert re.search(r"loss=\d+\.\d{3}", after[-1]), lines
+    assert "nan" not in "\n".join(lines)  # nor an average return before an episode has ended
