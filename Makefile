@@ -53,8 +53,8 @@ test-slow: $(STAMP)
 tutorials: $(STAMP)
 	$(PY) -m jupytext --to ipynb tutorials/[0-9][0-9]_*.py
 
-# The demo needs only the rl extra (gymnasium, tf-keras, absl-py); add `.[examples]` for the progress bar,
-# TensorBoard summaries and the plot. `make demo ARGS=--steps=2000` passes flags.
+# The demo needs only the rl extra (gymnasium, tf-keras, absl-py, and matplotlib for its learning curve); add
+# `.[examples]` for the progress bar and TensorBoard summaries. `make demo ARGS=--steps=2000` passes flags.
 DEMO_STAMP := $(VENV)/.installed-rl
 $(DEMO_STAMP): setup.py $(KERNELS) | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e ".[rl]"

@@ -67,8 +67,9 @@ class OptionalBuildExt(build_ext):
             )
 
 
-RL = ["gymnasium>=1.0", "tf-keras>=2.15", "absl-py>=1.0"]  # tfreplay.rl: drivers, agents, training
-EXAMPLES = RL + ["tqdm>=4.60", "matplotlib>=3.5", "tensorboard"]
+# tfreplay.rl: drivers, agents, training, and the demo's learning curve (matplotlib, imported only to draw it)
+RL = ["gymnasium>=1.0", "tf-keras>=2.15", "absl-py>=1.0", "matplotlib>=3.5"]
+EXAMPLES = RL + ["tqdm>=4.60", "tensorboard"]
 RAY = ["ray==2.60.0"]  # tfreplay.distributed, the sharded replay service (imported only there)
 DATASETS = ["tensorflow-datasets>=4.9"]  # tfreplay.datasets: RLDS in and out (imported only there)
 # tfreplay.datasets' Minari side (imported only there). Minari 0.5.4 needs Python >= 3.11 and NumPy >= 2 (and is
@@ -141,7 +142,6 @@ setup(
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Developers",
         "Intended Audience :: Science/Research",
-        "License :: OSI Approved :: Apache Software License",
         "Operating System :: POSIX :: Linux",
         "Programming Language :: Python :: 3 :: Only",
         "Programming Language :: Python :: 3.10",
@@ -151,17 +151,9 @@ setup(
         "Programming Language :: C++",
         "Topic :: Software Development :: Libraries :: Python Modules",
     ],
-    license="Apache-2.0",
+    license="Apache-2.0",  # an SPDX expression (setuptools deprecates license classifiers beside one)
     license_files=["LICENSE"],
     author="tfreplay developers",
     maintainer="tfreplay developers",
     keywords=["reinforcement learning", "experience replay", "replay buffer", "tensorflow"],
-    # Placeholders: example.invalid never resolves. Replace all three with the real addresses on publication
-    # (tests/test_packaging.py fails on a placeholder once TFREPLAY_RELEASE=1 is set for a release build).
-    url="https://example.invalid/tfreplay",
-    project_urls={
-        "Documentation": "https://example.invalid/tfreplay/docs",
-        "Source": "https://example.invalid/tfreplay/source",
-        "Issues": "https://example.invalid/tfreplay/issues",
-    },
 )

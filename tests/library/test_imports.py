@@ -178,3 +178,15 @@ def test_the_reverb_transport_imports_no_module_of_reverbs_api():
     assert {p.stem for p in files} >= {"routing", "wire", "server", "client"}
     offenders = {p.name: bad for p in files if (bad := loaded(imported_modules(p), (f"{REVERB}.serve", *REVERB_API)))}
     assert offenders == {}, "the transport sits below Reverb's API"
+
+
+def test_import_tfreplay_alone_loads_no_tensorflow_until_a_name_is_used():
+    # A command line built on tfreplay (the demo's `--help`) answers before TensorFlow starts.
+    code = (
+        "import json, sys, tfreplay; before = 'tensorflow' in sys.modules; tfreplay.TFUniformReplayBuffer; "
+        "listed = sorted(set(dir(tfreplay)) & {'keras', 'NStepReturns'}); "
+        "print(json.dumps([before, 'tensorflow' in sys.modules, listed]))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [False, True, ["NStepReturns"]]

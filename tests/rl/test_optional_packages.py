@@ -2,6 +2,7 @@
 once, in one line each, what it leaves out."""
 
 import importlib.util
+import re
 import sys
 import types
 
@@ -84,3 +85,17 @@ def test_in_a_notebook_without_widgets_progress_is_a_line_per_tenth_not_a_text_b
     out, err = capsys.readouterr()
     assert out.splitlines() == [f"{n:,}/1,000 steps ({n // 10}%)" for n in range(100, 1001, 100)]
     assert err == ""
+
+
+@pytest.mark.slow
+def test_progress_shows_no_loss_before_the_first_train_step(without, capsys):
+    without("tqdm")  # plain lines: each shows the latest figures
+    config = dict(SMALL, num_env_steps=160, initial_collect_steps=80, log_interval=24, num_eval_episodes=1)
+    train_dqn(**config, progress=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if " steps (" in line]
+    before = [line for line in lines if int(line.split("/")[0].replace(",", "")) <= 80]
+    after = [line for line in lines if line not in before]
+    assert before and after, lines
+    assert not [line for line in before if "loss=" in line]  # no train step yet: no loss to show
+    assert re.search(r"loss=\d+\.\d{3}", after[-1]), lines
+    assert "nan" not in "\n".join(lines)  # nor an average return before an episode has ended

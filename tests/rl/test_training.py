@@ -137,6 +137,7 @@ def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
     assert "CartPole-v1: average return" in out and "env steps/s" in out and "train steps/s" in out
     assert re.search(r"^Time: collect \d+\.\d s, learn \d+\.\d s, evaluate \d+\.\d s \(of \d+\.\d s\)$", out, re.M)
     assert (tmp_path / "learning_curve.png").stat().st_size > 0
+    assert f"\nLearning curve: {tmp_path / 'learning_curve.png'}\n" in out  # where to open it
     assert list((tmp_path / "checkpoints").glob("ckpt-300.index"))
 
 

@@ -5,6 +5,6 @@ and tf-keras for the legacy lane). Networks, optimizers and schedules are made w
 tf-keras when `TF_USE_LEGACY_KERAS=1` (see `tfreplay.keras.keras_module`); a `DqnAgent` takes a
 model of either and never mixes the two.
 Modules: `drivers` (StepDriver, EpisodeDriver over gymnasium vector envs),
-`observers`, `policies`, `agents` (DqnAgent), `learner`, `training`
+`observers`, `policies`, `agents` (DqnAgent), `learner`, `config` (DqnConfig), `training`
 (`train_dqn`), `collectors` (Ray collector actors for `tfreplay.distributed`).
 """

@@ -19,26 +19,30 @@ train step); `--n_step=N` learns from N-step returns.
 The last lines give the greedy evaluation (20 episodes at once, in a vector
 env) and where the time went: collect, learn and evaluate seconds.
 
-Needs the `rl` extra (`pip install ".[rl]"` in a checkout, or `"<wheel>[rl]"`); the progress bar
-(tqdm), the summaries (tensorboard) and the plot (matplotlib) come with the `examples` extra, and
-without them the run says what it leaves out and goes on.
+Needs the `rl` extra (`pip install ".[rl]"` in a checkout, or `"<wheel>[rl]"`), which brings
+matplotlib for the learning curve; the progress bar (tqdm) and the summaries (tensorboard) come with
+the `examples` extra, and without them the run says what it leaves out and goes on. The command line
+is parsed before TensorFlow loads: `--help` and a bad flag answer at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
+import types
 from typing import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import gymnasium as gym  # noqa: E402
 from absl import flags, logging  # noqa: E402
 
 from tfreplay.rl import _cli  # noqa: E402
-from tfreplay.rl.training import DqnConfig, train_dqn  # noqa: E402
+from tfreplay.rl.config import DqnConfig  # noqa: E402  (no TensorFlow: it loads in `main`, once the flags parse)
 
-_DEFAULTS = DqnConfig()
+# The fields' defaults, read without making a config (its checks load TensorFlow).
+_DEFAULTS = types.SimpleNamespace(**{field.name: field.default for field in dataclasses.fields(DqnConfig)})
 
 flags.DEFINE_string("env_id", _DEFAULTS.env_id, "Gymnasium environment id (discrete actions, flat observations).")
 flags.DEFINE_integer("steps", _DEFAULTS.num_env_steps, "Total environment steps to collect (over all envs).")
@@ -60,6 +64,8 @@ FLAGS = flags.FLAGS
 
 def config_from_flags() -> DqnConfig:
     """The run the parsed flags ask for."""
+    import gymnasium as gym
+
     threshold = gym.spec(FLAGS.env_id).reward_threshold if FLAGS.early_stop else None
     return DqnConfig(
         env_id=FLAGS.env_id,
@@ -89,8 +95,11 @@ def main(argv: Sequence[str]) -> None:
     """Trains with the parsed flags and prints the evaluation and what was written."""
     del argv
     logging.set_verbosity(logging.WARNING)  # app.run would show TensorFlow's INFO logs
+    from tfreplay.rl.training import train_dqn
+
     config = config_from_flags()
     threshold = config.stop_at_return
+    started = time.time()
     result = train_dqn(config)
     returns = ", ".join(f"{r:.0f}" for r in result.eval_returns)
     print(f"Greedy evaluation over {len(result.eval_returns)} episodes: {returns}")
@@ -99,6 +108,9 @@ def main(argv: Sequence[str]) -> None:
         stopped = f" (stopped early: an evaluation reached the reward threshold, {threshold})"
     print(f"Environment steps: {result.num_env_steps}, train steps: {result.num_train_steps}{stopped}")
     print(f"Wrote {_written(FLAGS.output_dir)} under {FLAGS.output_dir}")
+    curve = os.path.join(FLAGS.output_dir, "learning_curve.png")
+    if os.path.exists(curve) and os.path.getmtime(curve) >= started - 1:  # drawn by this run, not an earlier one
+        print(f"Learning curve: {os.path.abspath(curve)}")
     print(f"Time: {result.time_breakdown()}")
     print(f"{config.env_id}: {result.summary()}")
 

@@ -40,10 +40,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay import ReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
-from tfreplay._src import specs
 from tfreplay.keras import keras_module
 from tfreplay.rl import _optional
 from tfreplay.rl.agents import DqnAgent, LossInfo, make_q_network
+from tfreplay.rl.config import DqnConfig
 from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec
 from tfreplay.rl.learner import (
     beta_schedule,
@@ -67,56 +67,6 @@ __all__ = [  # the learner's pieces are re-exported: examples and tests import t
     "prioritized_train_step",
     "train_dqn",
 ]
-
-
-@dataclasses.dataclass
-class DqnConfig:
-    """Hyper-parameters and run options of `train_dqn` (defaults solve CartPole-v1)."""
-
-    env_id: str = "CartPole-v1"
-    num_env_steps: int = 100_000  # transitions collected, summed over sub-environments
-    seed: int = 0
-    num_envs: int = 4
-    buffer_size: int = 50_000
-    batch_size: int = 128
-    learning_rate: float = 5e-4
-    end_learning_rate: float | None = None  # decay linearly to this over the run (None: constant)
-    gradient_clipping: float | None = 10.0
-    gamma: float = 0.99
-    fc_layer_params: tuple = (256, 256)
-    initial_collect_steps: int = 1_000  # random actions before learning starts
-    train_steps_per_env_step: float = 1.0
-    target_update_period: int = 500
-    target_update_tau: float = 1.0
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.02
-    epsilon_decay_steps: int = 10_000
-    num_eval_episodes: int = 20
-    eval_interval: int = 2_500  # env steps between greedy evaluations during training (0: none)
-    num_interval_eval_episodes: int = 20
-    keep_best: bool = True  # end with the weights of the best evaluation so far
-    stop_at_return: float | None = None  # stop early once an evaluation reaches this
-    log_interval: int = 1_000
-    checkpoint_interval: int = 10_000
-    output_dir: str | None = None
-    resume: bool = False
-    progress: bool = True
-    prioritized: bool = False  # TFPrioritizedReplayBuffer, priorities |TD error| + priority_eps
-    alpha: float = 0.6  # how much priorities count (0: uniform)
-    beta: float = 0.4  # importance-weight exponent when learning starts, annealed linearly to 1 at the end
-    priority_eps: float = 1e-6  # keeps every item drawable
-    n_step: int = 1  # > 1: learn from n-step returns (NStepReturns)
-    train_steps_per_call: int = 1  # > 1: that many train steps per graph call, sampled inside it (TrainLoop)
-
-    def __post_init__(self) -> None:
-        specs.check_positive_int("DqnConfig", "n_step", self.n_step)
-        specs.check_positive_int("DqnConfig", "train_steps_per_call", self.train_steps_per_call)
-        if not 0.0 <= self.beta <= 1.0:
-            raise ValueError(f"DqnConfig: beta ({self.beta!r}) must be in [0, 1].")
-        if not self.priority_eps > 0.0:
-            raise ValueError(
-                f"DqnConfig: priority_eps ({self.priority_eps!r}) must be positive, so every item can be drawn."
-            )
 
 
 @dataclasses.dataclass
@@ -402,10 +352,10 @@ class _Run:
                 evaluate_now = now >= c.initial_collect_steps and due("eval", now, c.eval_interval)
                 if due("log", now, c.log_interval) or evaluate_now:
                     elapsed = time.perf_counter() - start
-                    self.log(loss, elapsed)
-                    bar.set_postfix(
-                        avg_return=f"{self.returns.result():.1f}",
-                        loss=f"{loss:.3f}",
+                    point = self.log(loss, elapsed)
+                    shown = {"avg_return": (point["average_return"], ".1f"), "loss": (point["loss"], ".3f")}
+                    bar.set_postfix(  # a figure not measured yet (no episode ended, no train step) is left out
+                        **{name: format(value, spec) for name, (value, spec) in shown.items() if value is not None},
                         env_steps_per_s=f"{(now - first) / max(elapsed, 1e-9):.0f}",
                     )
                 if evaluate_now:

@@ -5,7 +5,8 @@
 
 `replay_buffers.{replay_buffer, tf_uniform_replay_buffer,
 py_uniform_replay_buffer}` take TF-Agents 0.19's constructor signatures and
-return what TF-Agents returns. `restore_tf_agents_checkpoint(buffer, path)`
+return what TF-Agents returns; `specs` has the array specs a NumPy buffer takes
+(`specs.tensor_spec.to_nest_array_spec`). `restore_tf_agents_checkpoint(buffer, path)`
 moves a TF-Agents `TFUniformReplayBuffer` checkpoint into a tfreplay buffer.
 Modules load lazily: `import tfreplay` stays light.
 """
@@ -15,12 +16,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["replay_buffers", "restore_tf_agents_checkpoint"]
+__all__ = ["replay_buffers", "restore_tf_agents_checkpoint", "specs"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "replay_buffers":
-        return importlib.import_module(f"{__name__}.replay_buffers")
+    if name in ("replay_buffers", "specs"):
+        return importlib.import_module(f"{__name__}.{name}")
     if name == "restore_tf_agents_checkpoint":
         return importlib.import_module(f"{__name__}.migrate").restore_tf_agents_checkpoint
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
