@@ -249,7 +249,8 @@ class Pool:
         self.go.clear()
         return writers * (steps - SEQUENCE + 1) / (max(ends) - start)
 
-    def close(self) -> None:
+    def close(self) -> list:
+        """Ends every process (a stop message, then a kill after 30 s); their exit codes (0: a clean stop)."""
         for conn in self.clients + self.servers:
             try:
                 conn.send(None)
@@ -260,6 +261,7 @@ class Pool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+        return [proc.exitcode for proc, _ in self.procs]
 
 
 def receive(conn: Any) -> Any:
@@ -337,13 +339,13 @@ def main(argv: list | None = None) -> int:
             loads.append(os.getloadavg())
             print(f"round {r + 1}/{args.rounds} done, load average {loads[-1][0]:.2f}", file=sys.stderr)
     finally:
-        pool.close()
+        exitcodes = pool.close()
     print(f"sizes (steps per writer, batch, sample calls, train steps): {sizes}; rounds: {args.rounds}")
     print(f"1-minute load average: {loads[0][0]:.2f} at the start, {max(x[0] for x in loads):.2f} at most")
     print("\n".join(table(rounds, libs)))
     path = pathlib.Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"libs": libs, "sizes": sizes, "rounds": rounds, "loads": loads}, indent=1))
+    path.write_text(json.dumps(dict(libs=libs, sizes=sizes, rounds=rounds, loads=loads, exitcodes=exitcodes), indent=1))
     return 0
 
 

@@ -47,7 +47,7 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> bytes:
     arrays = [_plain(a) for a in arrays]
     head = dict(header, arrays=[[a.dtype.str, list(a.shape)] for a in arrays])
     text = json.dumps(head, separators=(",", ":")).encode()
-    return b"".join([MAGIC, struct.pack("<I", len(text)), text, *(a.reshape(-1).view(np.uint8) for a in arrays)])
+    return b"".join([MAGIC, struct.pack("<I", len(text)), text, *(a.reshape(-1).view(np.uint8).data for a in arrays)])
 
 
 def decode(message: bytes) -> tuple[dict, list[np.ndarray]]:
