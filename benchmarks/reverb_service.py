@@ -61,9 +61,13 @@ def library(lib: str) -> Any:
 
 
 def reverb_available() -> bool:
-    import importlib.util
+    """Whether `import reverb` (dm-reverb) works here, tried in a child process (this one has no TensorFlow)."""
+    import subprocess
 
-    return importlib.util.find_spec("reverb") is not None
+    try:
+        return subprocess.run([sys.executable, "-c", "import reverb"], capture_output=True, timeout=300).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 # Worker processes: each serves commands from its pipe until "stop".
@@ -217,15 +221,19 @@ class Pool:
     def __init__(self, libs: tuple, clients: int):
         ctx = mp.get_context("spawn")
         self.go, self.procs, self.servers, self.clients = ctx.Event(), [], [], []
-        for lib in libs:
-            parent, child = ctx.Pipe()
-            self._start(ctx, serve_tables, (lib, child), parent)
-            self.servers.append(parent)
-        for _ in range(clients):
-            parent, child = ctx.Pipe()
-            self._start(ctx, client_loop, (child, self.go), parent)
-            self.clients.append(parent)
-        self.addresses = {lib: f"127.0.0.1:{receive(conn)}" for lib, conn in zip(libs, self.servers)}
+        try:
+            for lib in libs:
+                parent, child = ctx.Pipe()
+                self._start(ctx, serve_tables, (lib, child), parent)
+                self.servers.append(parent)
+            for _ in range(clients):
+                parent, child = ctx.Pipe()
+                self._start(ctx, client_loop, (child, self.go), parent)
+                self.clients.append(parent)
+            self.addresses = {lib: f"127.0.0.1:{receive(conn)}" for lib, conn in zip(libs, self.servers)}
+        except BaseException:
+            self.close()
+            raise
 
     def _start(self, ctx: Any, target: Any, args: tuple, conn: Any) -> None:
         proc = ctx.Process(target=target, args=args, daemon=True)
@@ -291,8 +299,9 @@ def one_round(pool: Pool, libs: tuple, sizes: dict, writers: tuple) -> dict:
     return out
 
 
-def spread(values: list) -> str:
-    fmt = (lambda v: f"{v:,.2f}") if max(values) < 10 else (lambda v: f"{v:,.0f}")
+def spread(values: list, ratio: bool = False) -> str:
+    """`median (min-max)`: ratios to 2 decimals, throughputs to 2 decimals below 10, else whole."""
+    fmt = (lambda v: f"{v:,.2f}") if ratio or max(values) < 10 else (lambda v: f"{v:,.0f}")
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 
 
@@ -308,7 +317,7 @@ def table(rounds: list, libs: tuple) -> list:
         ratio = "-"
         if "reverb" in libs:
             ratios = [s / r for s, r in zip(values["shim"], values["reverb"])]
-            ratio = spread(ratios) + (" parity" if min(ratios) <= 1.0 <= max(ratios) else "")
+            ratio = spread(ratios, ratio=True) + (" parity" if min(ratios) <= 1.0 <= max(ratios) else "")
         fl = spread([r[case]["floor"] for r in rounds]) if "floor" in rounds[0][case] else "-"
         lines.append(f"| {case} | {units[case.split()[1]]} | " + " | ".join(cells) + f" | {ratio} | {fl} |")
     return lines
