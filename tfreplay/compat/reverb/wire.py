@@ -193,7 +193,7 @@ def _column(squeeze: bool, value: np.ndarray, where: str) -> Column:
         return Column((value,), True)
     if value.ndim == 0 or value.shape[0] == 0:
         raise WireError(f"{where}: a column with a time axis (shape {value.shape}) needs at least one step.")
-    return Column(tuple(value), False)
+    return Column(tuple(np.asarray(step) for step in value), False)  # 0-d arrays, not NumPy scalars
 
 
 def _kind(column: Column) -> tuple:
