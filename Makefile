@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bazel-test test-wheel tutorials tutorials-site docs
+.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -224,6 +224,11 @@ bench-peers: $(COMPAT_OPS)
 	mkdir -p .benchmarks
 	PYTHONPATH=$(CURDIR) $(COMPAT_PY) $(BENCH_PYTEST) benchmarks/test_peers.py benchmarks/test_learner.py -k "peers or tf_agents" $(ARGS)
 	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.report .benchmarks/last.json
+
+# The Reverb shim's gRPC server beside dm-reverb 0.14's, across processes, on TF 2.15 (`ARGS=--quick` for a smoke
+# run, `ARGS="--rounds 5"` for more rounds); the table on stdout, the figures in .benchmarks/reverb_service.json.
+bench-reverb: $(COMPAT_OPS)
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.reverb_service $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(REVERB_VENV) runs .pytest_cache .ruff_cache .benchmarks

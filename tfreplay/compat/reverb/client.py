@@ -139,8 +139,7 @@ class Client:
             raise ValueError(f"Client.sample: num_samples ({num_samples!r}) must be a positive integer.")
         signature = target.signature if unpack_as_table_signature else None
         unflatten = (lambda x: tf.nest.pack_sequence_as(signature, x)) if signature is not None else list
-        for _ in range(num_samples):
-            item, info = target.sample()
+        for item, info in self._draws(target, num_samples):
             info = SampleInfo(*info)
             data = [c.value() for c in item.columns]
             if not emit_timesteps:
@@ -150,6 +149,15 @@ class Client:
             if len(lengths) != 1 or any(c.squeeze for c in item.columns):
                 raise ValueError("Client.sample: the item's columns differ in length; use emit_timesteps=False.")
             yield [ReplaySample(info, unflatten([col[t] for col in data])) for t in range(lengths.pop())]
+
+    @staticmethod
+    def _draws(target: Any, count: int) -> Iterator[tuple]:
+        """`count` draws of `target`, as many per call as its rate limiter admits at once (one request to a
+        server elsewhere, not one per draw)."""
+        while count > 0:
+            draws = target.sample_many(count)
+            count -= len(draws)
+            yield from draws
 
     def mutate_priorities(self, table: str, updates: dict | None = None, deletes: Sequence[int] | None = None) -> None:
         """Sets priorities (`updates`: key -> priority) and removes items (`deletes`); unknown keys are ignored."""

@@ -149,6 +149,7 @@ class _Draws:
 
     def __init__(self, specs: Any, timeout: float | None, max_samples: int, per_call: int):
         self.specs, self.timeout, self.max_samples, self.per_call = specs, timeout, max_samples, per_call
+        self.checked: set = set()  # the (dtype, shape)s of each column of items that matched the specs
 
     def __call__(self, address: bytes, name: bytes) -> Iterator[ReplaySample]:
         try:
@@ -179,15 +180,20 @@ class _Draws:
         for item, _ in draws:
             self._check(item, specs)
         columns = []
-        for i, spec in enumerate(specs):
-            values = [item.columns[i].value() for item, _ in draws]
-            shape = [len(values)] + [d or 0 for d in spec.shape.as_list()]
-            columns.append(np.stack(values) if values else np.zeros(shape, spec.dtype.as_numpy_dtype))
+        for i, spec in enumerate(specs):  # the draws' columns agree in shape: several draws need fixed shapes
+            if not draws:
+                columns.append(np.zeros([0] + [d or 0 for d in spec.shape.as_list()], spec.dtype.as_numpy_dtype))
+                continue
+            cells = [cell for item, _ in draws for cell in item.columns[i].cells]
+            columns.append(np.stack(cells).reshape((len(draws),) + draws[0][0].columns[i].shape()))
         infos = [info for _, info in draws]
         fields = [np.array([x[j] for x in infos], d.as_numpy_dtype) for j, d in enumerate(SampleInfo.tf_dtypes())]
         return ReplaySample(SampleInfo(*fields), tf.nest.pack_sequence_as(self.specs, columns))
 
     def _check(self, item: Any, specs: list) -> None:
+        kind = tuple((c.cells[0].dtype, c.shape()) for c in item.columns)
+        if kind in self.checked:  # the same dtypes and shapes as an item that passed: it passes
+            return
         if len(item.columns) != len(specs):
             raise SignatureError(
                 f"TrajectoryDataset: an item of table {self.table!r} has {len(item.columns)} columns; the dataset's "
@@ -200,3 +206,4 @@ class _Draws:
                     f"TrajectoryDataset: column {i} of an item of table {self.table!r} has (dtype, shape) "
                     f"({dtype}, {list(shape)}); the dataset expects ({spec.dtype.name}, {spec.shape.as_list()})."
                 )
+        self.checked.add(kind)

@@ -9,10 +9,13 @@ the server at `host:port` (`transport.server`). A process holds one
 - Samples go over lockstep streams (one request, then its answer), taken
   from a pool, one per concurrent caller: a dataset's draws in flight are
   the `n` of one request.
-- A writer's items go over one insert stream per server; at most
-  `INSERT_WINDOW` items are sent and not yet acknowledged, and
-  `create_item` waits for room beyond that. `flush` waits for the
-  acknowledgements.
+- A writer's items go over one insert stream per server, several to a
+  request: a request leaves once `SEND_ITEMS` items wait, `LINGER`
+  seconds after the first of them, or at once when a `flush` waits for
+  them (one request and one wake-up of gRPC's threads per item would
+  cost more than the item). At most `INSERT_WINDOW` items are sent and
+  not yet acknowledged, and `create_item` waits for room beyond that.
+  `flush` waits for the acknowledgements.
 - The first call waits for the server up to its timeout (`CONNECT_TIMEOUT`
   seconds when it has none), then raises `DeadlineExceededError`, as Reverb
   does for an address nothing answers. A server that goes away fails the
@@ -38,6 +41,8 @@ from tfreplay.compat.reverb.transport import wire
 CONNECT_TIMEOUT = 60.0
 INSERT_WINDOW = 128
 BATCH_BYTES = 4 << 20  # a request of queued items stops growing past this
+SEND_ITEMS = 32  # a request leaves once this many items wait...
+LINGER = 0.002  # ...or this many seconds after the first of them
 OPTIONS = [
     *wire.MESSAGE_LIMITS,
     ("grpc.keepalive_time_ms", 10_000),
@@ -162,12 +167,7 @@ class RemoteServer:
         with self._lock:
             self._idle.append(stream)
         wire.raise_error(answer)
-        draws = []
-        for draw in answer["draws"]:
-            key, probability, size, priority, times = draw["info"]
-            columns = wire.columns_in(draw["columns"], arrays, "Client.sample")
-            draws.append((Item(key, priority, columns, times), (key, probability, size, priority, times)))
-        return draws
+        return wire.draws_in(answer, arrays, "Client.sample")
 
     def enqueue(self, table: str, item: Item) -> _Ticket:
         self.connect(None)
@@ -269,7 +269,9 @@ class _InsertStream:
 
     def __init__(self, method: Any, address: str):
         self._address = address
-        self._requests: queue.Queue = queue.Queue()  # bounded by the window: send() waits for room
+        self._pending: list[bytes] = []  # items not sent yet, bounded by the window: send() waits for room
+        self._urgent = False  # a caller waits for the pending items: send them without lingering
+        self._ended = False
         self._tickets: collections.deque[_Ticket] = collections.deque()
         self._cond = threading.Condition()
         self.error: Exception | None = None
@@ -277,37 +279,44 @@ class _InsertStream:
         threading.Thread(target=self._read, args=(self._call,), daemon=True, name="reverb-acks").start()
 
     def _batches(self) -> Iterator[bytes]:
-        """The queued items, as many as wait (up to `BATCH_BYTES`) in each request."""
+        """The pending items, up to `BATCH_BYTES` a request, each request once it is due (see the module doc)."""
+        full = lambda: len(self._pending) >= SEND_ITEMS or self._urgent or self._ended  # noqa: E731
         while True:
-            messages = [self._requests.get()]
-            if messages[0] is None:
-                return
-            size = len(messages[0])
-            while size < BATCH_BYTES:
-                try:
-                    message = self._requests.get_nowait()
-                except queue.Empty:
-                    break
-                if message is None:
-                    self._requests.put(None)
-                    break
-                messages.append(message)
-                size += len(message)
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._ended)
+                if self._ended:
+                    return
+                self._cond.wait_for(full, LINGER)
+                if self._ended:
+                    return
+                count, size = 0, 0
+                while count < len(self._pending) and size < BATCH_BYTES:
+                    size += len(self._pending[count])
+                    count += 1
+                messages, self._pending = self._pending[:count], self._pending[count:]
+                self._urgent = bool(self._pending) and self._urgent
             yield wire.frames(messages)
 
     def send(self, message: bytes) -> _Ticket:
         with self._cond:
             while len(self._tickets) >= INSERT_WINDOW and self.error is None:
+                self._urgent = True
+                self._cond.notify_all()
                 self._cond.wait()
             if self.error is not None:
                 raise self.error
             ticket = _Ticket(self)
             self._tickets.append(ticket)
-            self._requests.put(message)
+            self._pending.append(message)
+            if len(self._pending) in (1, SEND_ITEMS):  # wakes the sender: to linger, then to send
+                self._cond.notify_all()
             return ticket
 
     def wait(self, ticket: _Ticket, timeout: float | None) -> None:
         with self._cond:
+            if not ticket.finished and self._pending:
+                self._urgent = True
+                self._cond.notify_all()
             if not self._cond.wait_for(lambda: ticket.finished, timeout):
                 raise errors.DeadlineExceededError(
                     f"the Reverb server at {self._address} did not take the item in within {timeout:g} s."
@@ -337,8 +346,8 @@ class _InsertStream:
         except Exception as e:  # an answer out of the format
             failure = e
             self._call.cancel()
-        self._requests.put(None)  # ends the request iterator gRPC's thread reads
         with self._cond:
+            self._ended = True  # ends the request iterator gRPC's thread reads
             self.error = failure
             for ticket in self._tickets:
                 ticket.error, ticket.finished = failure, True

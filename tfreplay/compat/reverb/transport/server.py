@@ -136,8 +136,7 @@ class _Service:
                 if draws is None:
                     return  # the client went away
                 out: list = []
-                described = [{"info": list(info), "columns": wire.columns_out(it.columns, out)} for it, info in draws]
-                yield wire.encode({"draws": described}, out)
+                yield wire.encode(wire.draws_out(draws, out), out)
             except Exception as e:
                 yield wire.encode(wire.error_header(e))
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tfreplay.compat.reverb import errors
 from tfreplay.compat.reverb.engine import rate_limiters, selectors
-from tfreplay.compat.reverb.engine.items import Column
+from tfreplay.compat.reverb.engine.items import Column, Item
 
 SERVICE = "tfreplay.reverb.Tables"  # the gRPC service both sides name
 MAX_MESSAGE = 1 << 30
@@ -48,7 +48,7 @@ def encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> bytes:
     arrays = [_plain(a) for a in arrays]
     head = dict(header, arrays=[[a.dtype.str, list(a.shape)] for a in arrays])
     text = json.dumps(head, separators=(",", ":")).encode()
-    return b"".join([MAGIC, struct.pack("<I", len(text)), text, *(a.tobytes() for a in arrays)])
+    return b"".join([MAGIC, struct.pack("<I", len(text)), text, *(a.reshape(-1).view(np.uint8).data for a in arrays)])
 
 
 def decode(message: bytes) -> tuple[dict, list[np.ndarray]]:
@@ -175,19 +175,78 @@ def columns_in(described: Any, arrays: list, where: str) -> tuple:
     """The `Column`s of `columns_out`'s descriptions (a column with a time axis needs at least one step)."""
     if not isinstance(described, list) or not described:
         raise WireError(f"{where}: columns ({described!r}) must be a non-empty list.")
-    columns = []
+    return tuple(_column(squeeze, value, where) for squeeze, value in _column_values(described, arrays, where))
+
+
+def _column_values(described: list, arrays: list, where: str) -> list:
+    """`[squeeze, array index]` entries as `(squeeze, array)` pairs."""
+    out = []
     for entry in described:
         ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], bool)
-        if not ok or not isinstance(entry[1], int) or not 0 <= entry[1] < len(arrays):
+        if not ok or not isinstance(entry[1], int) or isinstance(entry[1], bool) or not 0 <= entry[1] < len(arrays):
             raise WireError(f"{where}: column ({entry!r}) must be [squeeze, array index].")
-        value = arrays[entry[1]]
-        if entry[0]:
-            columns.append(Column((value,), True))
-        elif value.ndim == 0 or value.shape[0] == 0:
-            raise WireError(f"{where}: a column with a time axis (shape {value.shape}) needs at least one step.")
-        else:
-            columns.append(Column(tuple(np.asarray(step) for step in value), False))
-    return tuple(columns)
+        out.append((entry[0], arrays[entry[1]]))
+    return out
+
+
+def _column(squeeze: bool, value: np.ndarray, where: str) -> Column:
+    if squeeze:
+        return Column((value,), True)
+    if value.ndim == 0 or value.shape[0] == 0:
+        raise WireError(f"{where}: a column with a time axis (shape {value.shape}) needs at least one step.")
+    return Column(tuple(np.asarray(step) for step in value), False)  # 0-d arrays, not NumPy scalars
+
+
+def _kind(column: Column) -> tuple:
+    return column.squeeze, column.shape(), column.cells[0].dtype
+
+
+def draws_out(draws: Sequence[tuple], arrays: list) -> dict:
+    """The header of a batch of draws `(item, info)`, their values appended to `arrays`: the keys and the other
+    infos as two arrays and, when every draw's columns agree in dtype and shape (`"stacked"`), one array per
+    column with a row per draw, else each draw's `columns_out`. A batch of small items is a few arrays, not one
+    per item and column."""
+    header = {"keys": len(arrays), "stats": len(arrays) + 1}
+    arrays.append(np.array([info[0] for _, info in draws], np.uint64))
+    arrays.append(np.array([info[1:] for _, info in draws], np.float64).reshape(len(draws), 4))
+    kinds = {tuple(_kind(c) for c in item.columns) for item, _ in draws}
+    if len(kinds) != 1:
+        return dict(header, columns=[columns_out(item.columns, arrays) for item, _ in draws])
+    stacked = []
+    for c, (squeeze, shape, _) in enumerate(kinds.pop()):
+        stacked.append([squeeze, len(arrays)])
+        cells = [cell for item, _ in draws for cell in item.columns[c].cells]
+        arrays.append(np.stack(cells).reshape((len(draws),) + shape))
+    return dict(header, stacked=stacked)
+
+
+def draws_in(header: dict, arrays: list, where: str) -> list:
+    """The draws `(Item, info)` of `draws_out`'s header and arrays."""
+    keys, stats = (arrays[_index(header, name, arrays, where)] for name in ("keys", "stats"))
+    n = len(keys) if keys.ndim == 1 else -1
+    if keys.dtype != np.uint64 or stats.dtype != np.float64 or stats.shape != (n, 4):
+        raise WireError(f"{where}: draws need keys u8[n] and stats f8[n, 4]; got {keys.shape}, {stats.shape}.")
+    if "stacked" in header:
+        values = _column_values(field(header, "stacked", list, where), arrays, where)
+        if not values or any(v.ndim == 0 or v.shape[0] != n for _, v in values):
+            raise WireError(f"{where}: each stacked column must have a row for each of the {n} draws.")
+        columns = [tuple(_column(squeeze, v[j], where) for squeeze, v in values) for j in range(n)]
+    else:
+        described = field(header, "columns", list, where)
+        if len(described) != n:
+            raise WireError(f"{where}: columns ({len(described)} draws) must describe each of the {n} draws.")
+        columns = [columns_in(d, arrays, where) for d in described]
+    draws = []
+    for key, (probability, size, priority, times), cols in zip(keys.tolist(), stats.tolist(), columns):
+        draws.append((Item(key, priority, cols, int(times)), (key, probability, int(size), priority, int(times))))
+    return draws
+
+
+def _index(header: dict, name: str, arrays: list, where: str) -> int:
+    index = field(header, name, int, where)
+    if not 0 <= index < len(arrays):
+        raise WireError(f"{where}: field {name!r} ({index}) must index one of the {len(arrays)} arrays.")
+    return index
 
 
 def keys(values: Any, where: str, name: str) -> list:
