@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import random
 import threading
@@ -40,6 +41,23 @@ def test_item_keys_do_not_follow_pythons_global_random(serve):
         random.seed(0)
         client.insert(np.int64(9), {"t": 1.0})
     assert t.info.current_size == 18
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_writer_process_draws_keys_of_its_own():
+    # Collectors forked from one parent (multiprocessing's default on Linux) must not repeat each other's keys.
+    from tfreplay.compat.reverb.engine.items import new_key
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child only draws keys and leaves
+        os.write(write, json.dumps([new_key() for _ in range(4)]).encode())
+        os._exit(0)
+    os.close(write)
+    theirs = json.loads(os.read(read, 1 << 16))
+    os.close(read)
+    os.waitpid(child, 0)
+    assert not set(theirs) & {new_key() for _ in range(4)}
 
 
 def test_num_episodes_counts_the_episodes_items_cover_and_those_removed(serve):

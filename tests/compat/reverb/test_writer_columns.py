@@ -195,3 +195,20 @@ def test_queued_items_go_in_once_each_in_order_as_a_sampler_thread_makes_room(se
     sampler.join(20)
     assert got == list(range(n))  # every item once, in the order created
     assert table.info.rate_limiter_info.inserts == n
+
+
+def test_many_alike_steps_keep_their_fields_apart_and_a_changed_nest_is_still_refused(serve):
+    # Steps of one structure take a shorter path; what they store, and what a changed structure meets, stay the same.
+    _, client = serve(reverb.Table.queue("t", 100))
+    with client.trajectory_writer(3) as w:
+        for i in range(6):
+            w.append({"a": np.int64(i), "b": (np.float32(-i), np.int32(10 * i))})
+            w.create_item("t", 1.0, {"a": w.history["a"][-2:], "b": w.history["b"][1][-1]} if i else w.history["a"][-1])
+        w.append({"a": np.int64(6), "c": np.int64(60)})  # a new field after many alike steps: its own column
+        assert w.history["c"][-1].numpy() == 60 and len(w.history["b"][0]) == 7
+        with pytest.raises(ValueError, match="cannot become a nest"):
+            w.append({"a": {"nested": np.int64(7)}, "b": (np.float32(0), np.int32(0))})
+        w.append({"a": np.int64(8), "b": (np.float32(-8), np.int32(80))})  # the refused step left nothing behind
+        assert [c.numpy() for c in (w.history["a"][-1], w.history["b"][1][-1])] == [8, 80]
+    drawn = [[np.asarray(x).tolist() for x in s.data] for s in client.sample("t", 6, emit_timesteps=False)]
+    assert drawn == [[0], [[0, 1], 10], [[1, 2], 20], [[2, 3], 30], [[3, 4], 40], [[4, 5], 50]]

@@ -84,9 +84,6 @@ class TrajectoryColumn:
             )
         return Column(tuple(self._cells), self._squeeze)
 
-    def _episode_ids(self) -> set:
-        return {e for e in self._episodes if e is not None}
-
 
 class _ColumnHistory:
     """One column's cells since the history was last cleared: the last `keep` are held, older ones let go. The
@@ -180,6 +177,9 @@ class TrajectoryWriter:
         self._max_in_flight = max_in_flight_items
         self._structure: Any = None
         self._index: dict[tuple, int] = {}  # field path -> column number
+        self._last: tuple | None = None  # (a step's structure, its leaves' columns): a step alike skips the union
+        self._history: Any = None  # `history`, until a column is added
+        self._targets: dict[str, Any] = {}  # table name -> the table it resolved to
         self._columns: list[_ColumnHistory] = []
         self._open, self._closed = False, False
         self._steps = 0  # steps closed since the episode began
@@ -199,8 +199,10 @@ class TrajectoryWriter:
         """The columns' histories, nested as the union of the appended steps."""
         if not self._columns:
             raise ValueError("TrajectoryWriter.history: nothing was appended yet, so there are no columns.")
-        ordered = [self._columns[self._index[p]] for p in structure.paths(self._structure)]
-        return tf.nest.pack_sequence_as(self._structure, ordered)
+        if self._history is None:
+            ordered = [self._columns[self._index[p]] for p in structure.paths(self._structure)]
+            self._history = tf.nest.pack_sequence_as(self._structure, ordered)
+        return self._history
 
     @property
     def episode_steps(self) -> int:
@@ -218,13 +220,24 @@ class TrajectoryWriter:
     def append(self, data: Any, *, partial_step: bool = False) -> None:
         """Adds a step (`partial_step`: some fields now, the rest with later appends of the same step)."""
         self._check_open("append")
-        grown, added = self._grown(data)
-        index = {**self._index, **{path: len(self._index) + i for i, path in enumerate(added)}}
-        cells = [None if x is None else np.array(x) for x in structure.flatten_into(index, data)]
+        alike = self._alike(data)
+        if alike:  # the last step's fields again (the common case): no structure work
+            grown, added, index = self._structure, list[tuple](), self._index
+            cells: list = [None] * len(index)
+            for column, x in zip(self._last[1], tf.nest.flatten(data)):  # type: ignore[index]
+                cells[column] = None if x is None else np.array(x)
+        else:
+            grown, added = self._grown(data)
+            index = {**self._index, **{path: len(self._index) + i for i, path in enumerate(added)}}
+            cells = [None if x is None else np.array(x) for x in structure.flatten_into(index, data)]
         for column, cell in zip(self._columns, cells):  # the new columns take any first value
             if cell is not None:
                 self._check_cell(column, cell)
         steps = len(self._columns[0]) if self._columns else 0  # the history's steps, an open one included
+        if not alike:
+            self._last = (structure.skeleton(data), [index[path] for path in structure.paths(data)])
+        if added:
+            self._history = None
         self._structure, self._index = grown, index
         self._columns += [_ColumnHistory(path, self._keep, padding=steps) for path in added]
         for column, cell in zip(self._columns, cells):
@@ -234,6 +247,16 @@ class TrajectoryWriter:
                 column._set_last(cell, self._episode)
         self._open = partial_step
         self._steps += not partial_step
+
+    def _alike(self, data: Any) -> bool:
+        """Whether `data` has the last step's structure (the same fields, in the same kinds of nests)."""
+        if self._last is None:
+            return False
+        try:
+            tf.nest.assert_same_structure(self._last[0], data, check_types=True)
+        except (ValueError, TypeError):
+            return False
+        return True
 
     def _grown(self, data: Any) -> tuple[Any, list]:
         """The structure grown by `data`'s fields, and the paths of the fields that are new."""
@@ -262,11 +285,19 @@ class TrajectoryWriter:
                 "TrajectoryColumn (slices or indices of writer.history)."
             )
         columns = [leaf._column("create_item") for leaf in leaves]
-        target = self._resolve(table)
+        target = self._targets.get(table) if isinstance(table, str) else None
+        if target is None:
+            target = self._resolve(table)  # found once per table name (a server elsewhere keeps its connection)
+            if isinstance(table, str):
+                self._targets[table] = target
         weight = target.checked_priority(f"TrajectoryWriter.create_item (table {table!r})", priority)
         if self._validate:
             check_columns(f"TrajectoryWriter.create_item (table {table!r})", target.signature, columns)
-        episodes = tuple(sorted(set().union(*(leaf._episode_ids() for leaf in leaves))))
+        ids: set = set()
+        for leaf in leaves:
+            ids.update(leaf._episodes)
+        ids.discard(None)
+        episodes = tuple(sorted(ids))
         ticket = target.enqueue(Item(new_key(), weight, tuple(columns), episodes=episodes))
         self._in_flight.append((target, ticket))
         if self._max_in_flight is not None:

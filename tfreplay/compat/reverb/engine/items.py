@@ -3,14 +3,18 @@
 An item is a key, a priority, a draw count, the episodes it covers and its
 columns. A column is a run of step cells (NumPy arrays the trajectory
 writer made, shared by every item that covers them, never copied) or,
-squeezed, one cell. Item keys come from the operating system's generator
-(`secrets`), never from Python's global `random`, which user code may seed.
+squeezed, one cell. Item keys come from a generator of this module's own,
+seeded from the operating system's entropy (`secrets`) in every process,
+never from Python's global `random`, which user code may seed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
+import random
 import secrets
 from typing import Any, NamedTuple, Sequence
 
@@ -52,9 +56,15 @@ class Ticket:
         self.item, self.done = item, False
 
 
+# Keys come from a generator of this module's own, seeded from the operating system's entropy in each process
+# (again in a forked child): never Python's global `random`, which user code may seed, and no system call per key.
+_KEYS = random.Random(secrets.randbits(128))
+os.register_at_fork(after_in_child=lambda: _KEYS.seed(secrets.randbits(128)))
+
+
 def new_key() -> int:
-    """A fresh 64-bit item key from the operating system's generator."""
-    return secrets.randbits(64)
+    """A fresh 64-bit item key."""
+    return _KEYS.getrandbits(64)
 
 
 def check_key(where: str, key: Any) -> int:
@@ -75,17 +85,21 @@ def check_columns(where: str, signature: Any, columns: Sequence[Column], step_sh
     the signature of items whose every column has a time axis)."""
     if signature is None:
         return
-    specs = tf.nest.flatten(signature)
-    if len(specs) != len(columns):
-        raise SignatureError(f"{where}: the item has {len(columns)} columns; the table's signature has {len(specs)}.")
-    for i, (spec, column) in enumerate(zip(specs, columns)):
-        dtype = tf.as_dtype(column.cells[0].dtype)
+    kinds = tuple((c.cells[0].dtype, c.shape(), c.cells[0].shape if step_shapes else None) for c in columns)
+    rule = _mismatch(tuple(tf.nest.flatten(signature)), kinds)  # a writer's items repeat a few kinds: cached
+    if rule is not None:
+        raise SignatureError(f"{where}: {rule}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _mismatch(specs: tuple, kinds: tuple) -> str | None:
+    """Why columns of these `(dtype, shape, step shape or None)` kinds do not match `specs`; None if they do."""
+    if len(specs) != len(kinds):
+        return f"the item has {len(kinds)} columns; the table's signature has {len(specs)}."
+    for i, (spec, (np_dtype, shape, step)) in enumerate(zip(specs, kinds)):
+        dtype = tf.as_dtype(np_dtype)
         if dtype != spec.dtype:
-            raise SignatureError(
-                f"{where}: column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
-            )
-        shapes = [column.shape()] + ([tuple(column.cells[0].shape)] if step_shapes else [])
-        if not any(spec.shape.is_compatible_with(s) for s in shapes):
-            raise SignatureError(
-                f"{where}: column {i} has shape {column.shape()}; the signature expects {spec.shape.as_list()}."
-            )
+            return f"column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
+        if not any(spec.shape.is_compatible_with(s) for s in ([shape] if step is None else [shape, tuple(step)])):
+            return f"column {i} has shape {shape}; the signature expects {spec.shape.as_list()}."
+    return None
