@@ -85,10 +85,12 @@ def test_writers_samplers_and_datasets_reach_a_server_in_another_process(server)
     }
     firsts = {consistent(*s.data) for s in client.sample("replay", 40, emit_timesteps=False)}
     assert firsts <= {0, 1, 2, 3, 4, 100, 101} and len(firsts) >= 4
+    many = [s.info.key for s in client.sample("replay", 2500, emit_timesteps=False)]  # past one request's draws
+    assert len(many) == 2500 and len(set(many)) == 7
     dataset = reverb.TrajectoryDataset.from_table_signature(server.address, "replay", 4)
     drawn = {consistent(s.data["obs"].numpy(), s.data["step"].numpy()) for s in dataset.take(40)}
     assert drawn <= {0, 1, 2, 3, 4, 100, 101} and len(drawn) >= 4
-    assert client.server_info()["replay"].rate_limiter_info.samples >= 80
+    assert client.server_info()["replay"].rate_limiter_info.samples >= 2580
 
 
 def test_tf_client_inserts_samples_and_updates_priorities_across_processes(server):

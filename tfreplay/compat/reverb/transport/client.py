@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from tfreplay.compat.reverb import errors
 from tfreplay.compat.reverb.engine.items import Item
-from tfreplay.compat.reverb.engine.table import checked_priority
+from tfreplay.compat.reverb.engine.table import MAX_DRAWS_PER_CALL, checked_priority
 from tfreplay.compat.reverb.transport import wire
 
 CONNECT_TIMEOUT = 60.0
@@ -200,7 +200,9 @@ class RemoteTable:
         return self.sample_many(1, timeout)[0]
 
     def sample_many(self, n: int, timeout: float | None = None) -> list:
-        return self._server.sample(self.name, n, timeout)
+        """As the engine's: one draw, then up to `n - 1` more the rate limiter admits, at most
+        `MAX_DRAWS_PER_CALL` in all (one request)."""
+        return self._server.sample(self.name, min(n, MAX_DRAWS_PER_CALL), timeout)
 
     def enqueue(self, item: Item) -> _Ticket:
         return self._server.enqueue(self.name, item)
