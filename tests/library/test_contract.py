@@ -344,7 +344,34 @@ def bad_batches(kind) -> dict:
             TypeError,
             r"add_batch: items \(.*\) must have the structure of data_spec",
         ),
-        "python-list-leaf": (mutated("action", list), TypeError, r"unexpected \['action/0', 'action/1'\]"),
+        # Python lists where the spec has a leaf: one message naming the field, what it got, and the fix.
+        "python-list-leaf": (
+            mutated("action", lambda x: x.tolist()),
+            TypeError,
+            rf"add_batch: action \(a Python list of shape \({B},\)\) must be an array or tensor of dtype int32 "
+            r"shaped \(batch,\); pass arrays or tensors shaped like the spec, e\.g\. np\.asarray\(\.\.\., "
+            r"dtype=np\.int32\) of shape \(batch,\)\.$",
+        ),
+        "python-nested-list": (
+            mutated(shaped, lambda x: x.tolist()),
+            TypeError,
+            re.escape(
+                f"add_batch: {shaped} (a Python list of shape {(B, *spec_shape)}) must be an array or tensor of "
+                f"dtype uint8 shaped (batch, {', '.join(map(str, spec_shape))})"
+            ),
+        ),
+        "python-ragged-list": (
+            mutated(floats, lambda x: [x[0].tolist(), [x[1].tolist()]]),
+            TypeError,
+            rf"add_batch: {floats} \(a ragged Python list of length 2\) must be an array or tensor of dtype float32",
+        ),
+        "python-list-of-items": (
+            lambda items: [tf.nest.map_structure(lambda x, i=i: x[i], items) for i in range(B)],
+            TypeError,
+            rf"add_batch: items \(a Python list of {B} items, each a nest like data_spec\) must be one nest like "
+            r"data_spec with a batch dimension on every leaf; stack them first, e\.g\. "
+            r"tf\.nest\.map_structure\(lambda \*xs: np\.stack\(xs\), \*items\)\.",
+        ),
         "dtype-float": (
             mutated(floats, lambda x: x.astype(np.float64)),
             TypeError,
