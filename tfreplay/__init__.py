@@ -71,6 +71,13 @@ __all__ = [
     "sequence_priorities",
 ]
 
+# Errors print, and pickle, as the names users catch them by (`tfreplay.EmptyBufferError`), not their private home.
+for _name in __all__:
+    _value = globals().get(_name)
+    if isinstance(_value, type) and issubclass(_value, BaseException):
+        _value.__module__ = __name__
+del _name, _value
+
 # The seed adapters load on first use: tensorpack's ExpReplay runs gymnasium environments.
 _LAZY = {"ExpReplay": "tfreplay.compat.tensorpack", "ExperienceReplay": "tfreplay.compat.fastrl"}
 
