@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src import tracebacks
+
 Nest = Any
 
 
@@ -352,10 +354,11 @@ def _checked_at_runtime(where: str, path: str, tensor: tf.Tensor, expected: list
     scatter of a well-shaped leaf would then run while another leaf fails,
     tearing the item.
     """
-    check = tf.debugging.assert_equal(
-        tf.shape(tensor, out_type=tf.int64),
-        tf.constant(expected, tf.int64),
-        message=f"{where}: {path} must have shape {expected} ([batch_size] + the spec's shape).",
-    )
+    with tracebacks.hidden():  # a failure shows the caller's frames, not tfreplay's
+        check = tf.debugging.assert_equal(
+            tf.shape(tensor, out_type=tf.int64),
+            tf.constant(expected, tf.int64),
+            message=f"{where}: {path} must have shape {expected} ([batch_size] + the spec's shape).",
+        )
     with tf.control_dependencies([check]):  # so the assertion, not the slice, reports a bad shape
         return tf.slice(tensor, [0] * len(expected), expected), check
