@@ -250,11 +250,13 @@ class Buffer(ReplayBuffer):
             return None
         n = request.num_steps if request.transform is None else request.n
 
+        def mass() -> Any:  # what the sampler would draw from, as `sampling_mass` (0: nothing)
+            view = parts.view(request.window, request.padded, twin.draw, twin.uniform, twin.ops.read)
+            return parts.sampler.mass(view, n)
+
         def check() -> None:
-            if not gate.idle:  # a rate limiter waits for items; a closed buffer ends the dataset
-                return
-            view = lambda: parts.view(request.window, request.padded, twin.draw, twin.uniform, twin.ops.read)  # noqa: E731
-            if float(twin.exclusive(lambda: parts.sampler.mass(view(), n))) <= 0:
+            # With a rate limiter the elements wait for items (and a closed buffer ends the dataset).
+            if gate.idle and float(twin.exclusive(mass)) <= 0:
                 raise EmptyBufferError(sample.empty_message(parts, "as_dataset", request))
 
         return check
