@@ -352,7 +352,8 @@ class Kind:
     def max_window(self, max_length: int) -> int:
         raise NotImplementedError
 
-    def empty_message(self, num_steps: int | None) -> str:
+    def empty_message(self, num_steps: int | None, where: str = "get_next") -> str:
+        """The refusal of a sample with nothing to draw, by `where` (`as_dataset` when an iterator starts)."""
         raise NotImplementedError
 
     def too_long_message(self, where: str, num_steps: int, max_length: int) -> str:
@@ -394,10 +395,10 @@ class UniformKind(Kind):
     def max_window(self, max_length):
         return max_length
 
-    def empty_message(self, num_steps):
+    def empty_message(self, num_steps, where="get_next"):
         if (num_steps or 1) == 1:
-            return "get_next: the buffer is empty; add items before sampling"
-        return rf"get_next: no segment holds {num_steps} consecutive items yet \(num_steps={num_steps}\)"
+            return f"{where}: the buffer is empty; add items before sampling"
+        return rf"{where}: no segment holds {num_steps} consecutive items yet \(num_steps={num_steps}\)"
 
     def too_long_message(self, where, num_steps, max_length):
         return rf"{where}: num_steps \({num_steps}\) must be at most max_length \({max_length}\)"
@@ -471,10 +472,10 @@ class FrameKind(Kind):
     def max_window(self, max_length):
         return max_length - 1
 
-    def empty_message(self, num_steps):
+    def empty_message(self, num_steps, where="get_next"):
         if (num_steps or 1) == 1:
-            return "get_next: the buffer holds no valid transition yet"
-        return f"get_next: the buffer holds no valid window of {num_steps} transitions of one episode yet"
+            return f"{where}: the buffer holds no valid transition yet"
+        return f"{where}: the buffer holds no valid window of {num_steps} transitions of one episode yet"
 
     def too_long_message(self, where, num_steps, max_length):
         return rf"{where}: num_steps \({num_steps}\) must be at most max_length - 1 \({max_length - 1}\)"

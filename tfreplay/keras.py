@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay._src import specs
+from tfreplay._src import checked_dataset, specs
 from tfreplay._src.api import BufferInfo
 
 __all__ = ["fit_dataset", "fit_map", "keras_module"]
@@ -115,7 +115,7 @@ def fit_dataset(
     item_spec = dataset.element_spec[0]
     _check_paths("fit_dataset", "x", item_spec, x)  # a wrong path fails here, naming the item's fields
     _check_paths("fit_dataset", "y", item_spec, y)
-    return dataset.map(fn)
+    return checked_dataset.like(dataset, dataset.map(fn))  # an empty buffer refused as Keras starts iterating
 
 
 def fit_map(x: Key, y: Key = None, *, beta: Any = None) -> Callable[[Nest, BufferInfo], tuple]:

@@ -19,8 +19,10 @@ from helpers import FRAME, SPEC, Api, assert_nest_equal, decode, make_items, mak
 
 from tfreplay import (
     PyFrameReplayBuffer,
+    PyPrioritizedReplayBuffer,
     PyUniformReplayBuffer,
     TFFrameReplayBuffer,
+    TFPrioritizedReplayBuffer,
     TFUniformReplayBuffer,
     frame_data_spec,
 )
@@ -210,6 +212,32 @@ def test_a_checkpoint_of_another_layout_or_dtype_is_refused_and_changes_nothing(
     for buffer in (rb, reference):
         add_rows(buffer, 0, 5)
     with pytest.raises(ValueError, match=rf"checkpoint restore: the checkpoint's {message}; restore into a buffer"):
+        tf.train.Checkpoint(buffer=rb).restore(path)
+    assert_nest_equal(observed(rb), observed(reference))
+
+
+SAMPLED = {
+    "uniform": {"tf": TFUniformReplayBuffer, "py": PyUniformReplayBuffer},
+    "prioritized": {"tf": TFPrioritizedReplayBuffer, "py": PyPrioritizedReplayBuffer},
+}
+
+
+@pytest.mark.parametrize("twin", ["tf", "py"])
+@pytest.mark.parametrize("saved, target", [("uniform", "prioritized"), ("prioritized", "uniform")])
+def test_a_checkpoint_of_the_other_sampler_names_both_kinds_and_changes_nothing(twin, saved, target, tmp_path):
+    def made(kind, seed, adds):
+        rb = SAMPLED[kind][twin](SPEC, batch_size=2, max_length=4, seed=seed)
+        for step in range(adds):
+            rb.add_batch(make_items(step * 2 + np.arange(2)))
+        return rb
+
+    path = tf.train.Checkpoint(buffer=made(saved, 1, 9)).write(str(tmp_path / "ckpt"))
+    rb, reference = made(target, 5, 3), made(target, 5, 3)
+    with pytest.raises(
+        ValueError,
+        match=rf"checkpoint restore: the checkpoint's sum_tree \(.*\) must equal this buffer's \(.*\): the checkpoint "
+        rf"holds a {saved} buffer; this buffer is {target}\. Restore it into a {saved} buffer of the same layout",
+    ):
         tf.train.Checkpoint(buffer=rb).restore(path)
     assert_nest_equal(observed(rb), observed(reference))
 

@@ -22,6 +22,7 @@ test_prioritized.py.
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -199,13 +200,18 @@ def test_num_frames_counts_stored_rows_not_added_ones(api):
     assert (api.rb.capacity, api.rb.batch_size, api.rb.max_length) == (B * L, B, L)
 
 
+def refused_by(api) -> str:
+    """Which call names an empty sample's refusal: an eager dataset iterator refuses as it starts."""
+    return "as_dataset" if api.mode == "dataset" else "get_next"
+
+
 def test_clear_really_empties_and_ids_restart(api):
     api.add_steps(WRAPPED)
     api.clear()
     assert api.num_frames() == 0
     assert api.rb.capacity == B * L and api.rb.data_spec == api.kind.data_spec
     np.testing.assert_array_equal(api.kind.decode(api.gather_all(), B), api.kind.all_ids(B, L, 0))
-    with pytest.raises(api.error, match=api.kind.empty_message(None)):
+    with pytest.raises(api.error, match=api.kind.empty_message(None, refused_by(api))):
         api.get_next(SBS)
     api.add_steps(4)
     np.testing.assert_array_equal(api.kind.decode(api.gather_all(), B), api.kind.all_ids(B, L, 4))
@@ -219,16 +225,64 @@ def test_clear_really_empties_and_ids_restart(api):
 
 def test_sampling_before_anything_can_be_drawn_is_an_error(api):
     window = api.kind.window
-    with pytest.raises(api.error, match=api.kind.empty_message(None)):
+    where = refused_by(api)
+    with pytest.raises(api.error, match=api.kind.empty_message(None, where)):
         api.get_next()
-    with pytest.raises(api.error, match=api.kind.empty_message(window)):
+    with pytest.raises(api.error, match=api.kind.empty_message(window, where)):
         api.get_next(SBS, num_steps=window)
     api.add_steps(1)  # one item in each segment (for frames: an episode's first frame)
-    with pytest.raises(api.error, match=api.kind.empty_message(window)):
+    with pytest.raises(api.error, match=api.kind.empty_message(window, where)):
         api.get_next(SBS, num_steps=window)
     api.add_steps(2)  # the failed draws left the buffer usable
     items, info = api.get_next(SBS, num_steps=window)
     np.testing.assert_array_equal(api.kind.decode(items, B), info.ids)
+
+
+def test_an_eager_iterator_with_nothing_to_draw_raises_one_clear_error(kind):
+    """As it starts, before tf.data runs anything: tfreplay's error with the fix, no pipeline in its message."""
+    api = shared_api(kind, "eager", B, L)
+    datasets = {n: api.rb.as_dataset(SBS, num_steps=n) for n in (None, kind.window)}
+    for adds, num_steps in [(0, None), (0, kind.window), (1, kind.window)]:
+        api.add_steps(adds)
+        with pytest.raises(tfreplay.EmptyBufferError, match="^" + kind.empty_message(num_steps, "as_dataset")) as got:
+            iter(datasets[num_steps])
+        message = str(got.value)
+        assert "rate_limiter=tfreplay.MinSize" in message, message  # or wait for items
+        assert not re.search(r"Dataset|Iterator|\{\{|\[\[", message), message
+    api.add_steps(2)  # the same datasets, once there is something to draw
+    for dataset in datasets.values():
+        items, info = next(iter(dataset))
+        np.testing.assert_array_equal(kind.decode(items, B), info.ids)
+
+
+@pytest.mark.keras
+def test_fit_dataset_of_an_empty_buffer_is_refused_as_iteration_starts():
+    """What `model.fit` meets first on an empty buffer: tfreplay's error, not a tf.data pipeline's."""
+    import tfreplay.keras
+
+    kind = KINDS["tf-uniform"]
+    dataset = tfreplay.keras.fit_dataset(shared_buffer(kind, B, L), SBS, x="obs/vec", y="action")
+    with pytest.raises(tfreplay.EmptyBufferError, match="^" + kind.empty_message(None, "as_dataset")):
+        iter(dataset)
+    shared_api(kind, "eager", B, L).add_steps(1)
+    x, y = next(iter(dataset))
+    assert x.shape == (SBS, 3) and y.shape == (SBS,)
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS.values() if k.is_tf], ids=str)
+def test_an_empty_sample_inside_tf_function_shows_the_callers_frames_not_tfreplays(kind):
+    """TF prints where the failing assertion was made; that is the caller's line, not tfreplay's internals."""
+    rb = shared_buffer(kind, B, L)
+
+    @tf.function
+    def sample():  # named: TF lists no frames for a lambda's graph
+        return rb.get_next(SBS)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=kind.empty_message(None)) as got:
+        sample()
+    message = str(got.value)
+    assert "rate_limiter=tfreplay.MinSize" in message, message
+    assert "test_contract.py" in message and f"tfreplay{os.sep}_src" not in message, message
 
 
 def assert_unchanged_by(api, call, tmp_path):
@@ -344,7 +398,34 @@ def bad_batches(kind) -> dict:
             TypeError,
             r"add_batch: items \(.*\) must have the structure of data_spec",
         ),
-        "python-list-leaf": (mutated("action", list), TypeError, r"unexpected \['action/0', 'action/1'\]"),
+        # Python lists where the spec has a leaf: one message naming the field, what it got, and the fix.
+        "python-list-leaf": (
+            mutated("action", lambda x: x.tolist()),
+            TypeError,
+            rf"add_batch: action \(a Python list of shape \({B},\)\) must be an array or tensor of dtype int32 "
+            r"shaped \(batch,\); pass arrays or tensors shaped like the spec, e\.g\. np\.asarray\(\.\.\., "
+            r"dtype=np\.int32\) of shape \(batch,\)\.$",
+        ),
+        "python-nested-list": (
+            mutated(shaped, lambda x: x.tolist()),
+            TypeError,
+            re.escape(
+                f"add_batch: {shaped} (a Python list of shape {(B, *spec_shape)}) must be an array or tensor of "
+                f"dtype uint8 shaped (batch, {', '.join(map(str, spec_shape))})"
+            ),
+        ),
+        "python-ragged-list": (
+            mutated(floats, lambda x: [x[0].tolist(), [x[1].tolist()]]),
+            TypeError,
+            rf"add_batch: {floats} \(a ragged Python list of length 2\) must be an array or tensor of dtype float32",
+        ),
+        "python-list-of-items": (
+            lambda items: [tf.nest.map_structure(lambda x, i=i: x[i], items) for i in range(B)],
+            TypeError,
+            rf"add_batch: items \(a Python list of {B} items, each a nest like data_spec\) must be one nest like "
+            r"data_spec with a batch dimension on every leaf; stack them first, e\.g\. "
+            r"tf\.nest\.map_structure\(lambda \*xs: np\.stack\(xs\), \*items\)\.",
+        ),
         "dtype-float": (
             mutated(floats, lambda x: x.astype(np.float64)),
             TypeError,

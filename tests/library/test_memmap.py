@@ -90,7 +90,12 @@ OTHERS = {
         {"capacity": 12},
         r"manifest's max_length \(8\) must equal this buffer's \(12\)",
     ),
-    "sampler": (PyPrioritizedReplayBuffer, {"capacity": 8}, r"manifest's sum_tree \(null\) must equal this buffer's"),
+    "sampler": (
+        PyPrioritizedReplayBuffer,
+        {"capacity": 8},
+        r"manifest's sum_tree \(null\) must equal this buffer's \('fanout 8'\): the manifest holds a uniform buffer; "
+        r"this buffer is prioritized\. Open it with a uniform buffer of the same layout",
+    ),
     "dtype": (
         PyUniformReplayBuffer,
         {"capacity": 8, "spec": {**SPEC, "id": tf.TensorSpec([], tf.int32)}},

@@ -12,6 +12,8 @@ import importlib
 import inspect
 import json
 import pathlib
+import pickle
+import pkgutil
 import sys
 
 SNAPSHOT = pathlib.Path(__file__).with_name("api_snapshot.json")
@@ -104,6 +106,54 @@ def test_the_public_api_matches_its_snapshot():
         assert sorted(got[namespace]) == sorted(want[namespace]), namespace
         for name in want[namespace]:
             assert got[namespace][name] == want[namespace][name], f"{namespace}.{name} changed"
+
+
+def _public_modules() -> list:
+    """Every importable tfreplay module without a `_`-prefixed part in its name (an extra not installed is
+    left out)."""
+    import tfreplay
+
+    names = ["tfreplay"] + [
+        info.name
+        for info in pkgutil.walk_packages(tfreplay.__path__, "tfreplay.", onerror=lambda name: None)
+        if not any(part.startswith("_") for part in info.name.split("."))
+    ]
+    modules = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return modules
+
+
+def test_every_public_error_prints_as_the_name_it_is_exported_by():
+    """`tfreplay.EmptyBufferError`, not its private home: each exception class a public module exports has a
+    public `__module__` that exports it under its `__qualname__`; the top level's own are `tfreplay.<Name>`."""
+    import tfreplay
+
+    checked = set()
+    for module in _public_modules():
+        exported = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+        for name in exported:
+            error = getattr(module, name, None)
+            if not (inspect.isclass(error) and issubclass(error, BaseException) and _ours(error)):
+                continue
+            checked.add(error)
+            home = error.__module__
+            assert not any(part.startswith("_") for part in home.split(".")), f"{module.__name__}.{name}: {home}"
+            assert getattr(importlib.import_module(home), error.__qualname__, None) is error, f"{home}.{name}"
+            if name in tfreplay.__all__ and module is tfreplay:
+                assert f"{home}.{error.__qualname__}" == f"tfreplay.{name}"
+    assert {tfreplay.EmptyBufferError, tfreplay.BufferClosedError, tfreplay.RateLimitTimeoutError} <= checked
+
+
+def test_a_public_error_survives_pickling_under_its_public_name():
+    import tfreplay
+
+    error = pickle.loads(pickle.dumps(tfreplay.EmptyBufferError("get_next: the buffer is empty")))
+    assert type(error) is tfreplay.EmptyBufferError and "the buffer is empty" in str(error)
+    assert repr(type(error)) == "<class 'tfreplay.EmptyBufferError'>"
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:

@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
-from tfreplay._src import specs
+from tfreplay._src import checked_dataset, specs
 from tfreplay._src.gate import Gate
 from tfreplay._src.specs import Nest
 
@@ -138,7 +138,10 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
 
         Raises:
           ValueError: a non-positive size, `num_steps` longer than a segment, or
-            an empty buffer (in a graph: `tf.errors.InvalidArgumentError`).
+            an empty buffer (`EmptyBufferError`, which is also a
+            `tf.errors.InvalidArgumentError`: what the same refusal raises
+            inside `tf.function`, where TF heads the message with `Graph
+            execution error:` and the caller's frames that made the sample).
           BufferClosedError: after `close()` (in a graph: `tf.errors.OutOfRangeError`).
           RateLimitTimeoutError: the `rate_limiter` did not admit it in time.
         """
@@ -170,6 +173,23 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
         and the dataset ends (`StopIteration`) once the buffer is closed; the
         deterministic pass reads what is stored and is not limited.
 
+        For `model.fit`, map the elements to `(x, y)` first:
+        `tfreplay.keras.fit_dataset(buffer, 64, x="observation", y="reward")`
+        (or `.map(tfreplay.keras.fit_map(x, y))`). Keras reads an element as
+        `(x, y)`, so a raw element would give the model the whole items as
+        inputs and the `BufferInfo` as targets, and Keras reports only that the
+        model's inputs did not match.
+
+        Nothing to draw (an empty buffer, no window of `num_steps` yet, no rate
+        limiter to wait): an eager `iter()` of this dataset raises
+        `tfreplay.EmptyBufferError` as it starts, before tf.data runs. An
+        iterator that meets it later (the buffer emptied by `clear()`, a
+        dataset made from this one by `map` or `batch`, an iterator made inside
+        `tf.function`) raises `tf.errors.InvalidArgumentError` with the same
+        message, which TF prefixes with its pipeline's words (`Error in
+        user-defined function passed to MapDataset...`) and logs as `Local
+        rendezvous is aborting`.
+
         Args:
           sample_batch_size: elements' batch size (`None`: unbatched).
           num_steps: window length, as in `get_next`.
@@ -178,6 +198,10 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
             of every element before it is returned.
           single_deterministic_pass: one ordered pass instead of sampling.
           transform: as in `get_next`, applied to every element's sample.
+
+        Raises:
+          ValueError: a bad argument (as `get_next`), at once.
+          EmptyBufferError: nothing to draw, when an eager iterator starts.
         """
         self._gate.check_open("as_dataset")
         request = self._sample_request("as_dataset", sample_batch_size, num_steps, True, transform)
@@ -198,7 +222,13 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
             options = tf.data.Options()
             options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
             ds = ds.with_options(options)
-        return ds
+        check = None if single_deterministic_pass else self._iterator_check(request)
+        return ds if check is None else checked_dataset.checked(ds, check)
+
+    def _iterator_check(self, request: Any) -> Callable[[], None] | None:
+        """What an eager iterator of sampled elements calls as it starts: raises `EmptyBufferError` when
+        nothing can be drawn and nothing would wait (None: no check)."""
+        return None
 
     def _sample_dataset(self, request: Any, num_parallel_calls: int | None) -> tf.data.Dataset:
         """Fresh samples, one drawn per element, each once the rate limiter admits it; endless until `close()`.

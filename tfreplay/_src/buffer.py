@@ -28,6 +28,7 @@ from tfreplay._src.checkpoint import layout as checkpoints
 from tfreplay._src.episodes import EpisodeRule
 from tfreplay._src.gate import Gate
 from tfreplay._src.parts import Parts, Request, index_state
+from tfreplay._src.rate_limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
 
 # Requests remembered per buffer (a program's own few; a new transform object per call must not grow it).
@@ -56,8 +57,8 @@ class Buffer(ReplayBuffer):
     """
 
     # What a sample with nothing to draw does (the TF-Agents compat classes match TF-Agents): a note after the
-    # refusal's message, or zeros instead of a refusal (see `Parts`).
-    _empty_note = ""
+    # refusal's message (ours: the rate limiter that would wait), or zeros instead of a refusal (see `Parts`).
+    _empty_note = sample.WAIT_HINT
     _zeros_when_empty = False
 
     def __init__(
@@ -242,6 +243,23 @@ class Buffer(ReplayBuffer):
             self._window_shift,
             self._drop_remainder,
         )
+
+    def _iterator_check(self, request: Request) -> Callable[[], None] | None:
+        parts, twin, gate = self._parts, self._twin, self._gate
+        if parts.zeros_when_empty:  # answers zeros: nothing to refuse
+            return None
+        n = request.num_steps if request.transform is None else request.n
+
+        def mass() -> Any:  # what the sampler would draw from, as `sampling_mass` (0: nothing)
+            view = parts.view(request.window, request.padded, twin.draw, twin.uniform, twin.ops.read)
+            return parts.sampler.mass(view, n)
+
+        def check() -> None:
+            # With a rate limiter the elements wait for items (and a closed buffer ends the dataset).
+            if gate.idle and float(twin.exclusive(mass)) <= 0:
+                raise EmptyBufferError(sample.empty_message(parts, "as_dataset", request))
+
+        return check
 
     def _gather_all(self) -> Nest:
         return self._twin.gather_all(self._parts)

@@ -67,6 +67,8 @@ import tensorflow as tf
 class BufferClosedError(tf.errors.OutOfRangeError):
     """`add_batch`/`get_next` on a closed buffer (inside a graph: `tf.errors.OutOfRangeError`, same message)."""
 
+    __module__ = "tfreplay"  # printed and pickled as the name users catch it by
+
     def __init__(self, message: str):
         super().__init__(None, None, message)
 
@@ -78,6 +80,8 @@ class EmptyBufferError(tf.errors.InvalidArgumentError, ValueError):
     what the same refusal raises inside a graph (and what TF-Agents raises): catch either.
     """
 
+    __module__ = "tfreplay"  # printed and pickled as the name users catch it by
+
     def __init__(self, message: str):
         super().__init__(None, None, message)
 
@@ -87,6 +91,8 @@ class RateLimitTimeoutError(tf.errors.DeadlineExceededError):
 
     Inside a graph it arrives as `tf.errors.UnknownError` with the same message.
     """
+
+    __module__ = "tfreplay"  # printed and pickled as the name users catch it by
 
     def __init__(self, message: str):
         super().__init__(None, None, message)

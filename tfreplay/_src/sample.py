@@ -96,6 +96,12 @@ def _check_transform(parts: Parts, where: str, num_steps: Any, transform: Any) -
     return tuple(transforms.leaf_steps(transform, parts.storage.item_spec)), looked
 
 
+# The other fix for a sample with nothing to draw, after each refusal of tfreplay's own buffers (`Parts.empty_note`).
+WAIT_HINT = (
+    " To have sampling wait for items instead, build the buffer with a rate_limiter (rate_limiter=tfreplay.MinSize(n))."
+)
+
+
 def empty_message(parts: Parts, where: str, req: Request) -> str:
     """Why nothing could be drawn, and what to do (and the buffer's note: see `Parts.empty_note`)."""
     return _empty_message(parts, where, req) + parts.empty_note

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src import tracebacks
+
 Nest = Any
 
 
@@ -143,6 +145,7 @@ def flatten_items(where: str, data_spec: Nest, items: Nest) -> list[Any]:
     except (ValueError, TypeError) as err:
         reason = str(err)
     if reason is not None:
+        _refuse_python_lists(where, data_spec, items)
         want, got = leaf_paths(data_spec), leaf_paths(items)
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         detail = f"missing {missing}, unexpected {extra}" if missing or extra else reason
@@ -151,6 +154,74 @@ def flatten_items(where: str, data_spec: Nest, items: Nest) -> list[Any]:
             f"{tf.nest.map_structure(lambda s: s.dtype.name, data_spec)}."
         )
     return tf.nest.flatten(items)
+
+
+def _refuse_python_lists(where: str, data_spec: Nest, items: Nest) -> None:
+    """Raises `TypeError` for the commonest wrong structure: Python lists where the spec has arrays.
+
+    tf.nest reads a list as a nest of leaves, so without this a list of shape
+    `(8, 4)` would read as 32 unexpected fields. Two cases are named: a leaf
+    given as a (nested) list, and a list of single items instead of one batch.
+    """
+    found = _lists_at_leaves(data_spec, items, "")
+    if found:
+        path, value, spec = found[0]
+        shape = _list_shape(value)
+        kind = "list" if isinstance(value, list) else "tuple"
+        got = f"a ragged Python {kind} of length {len(value)}" if shape is None else f"a Python {kind} of shape {shape}"
+        inner = tuple(spec.shape.as_list())
+        shaped = f"(batch, {', '.join(map(str, inner))})" if inner else "(batch,)"
+        name = spec.dtype.name
+        make = f"np.asarray(..., dtype=np.{name})" if hasattr(np, name) else f"tf.constant(..., tf.{name})"
+        others = [p for p, _, _ in found[1:]]
+        also = f" ({', '.join(others)} also given as lists.)" if others else ""
+        raise TypeError(
+            f"{where}: {path} ({got}) must be an array or tensor of dtype {name} shaped {shaped}; pass arrays "
+            f"or tensors shaped like the spec, e.g. {make} of shape {shaped}.{also}"
+        )
+    if isinstance(items, (list, tuple)) and items and not isinstance(data_spec, (list, tuple)):
+        if all(_lists_at_leaves(data_spec, item, "") is not None for item in items):
+            raise TypeError(
+                f"{where}: items (a Python {type(items).__name__} of {len(items)} items, each a nest like data_spec) "
+                "must be one nest like data_spec with a batch dimension on every leaf; stack them first, e.g. "
+                "tf.nest.map_structure(lambda *xs: np.stack(xs), *items)."
+            )
+
+
+def _lists_at_leaves(spec: Nest, items: Nest, path: str) -> list[tuple[str, Any, tf.TensorSpec]] | None:
+    """`(path, value, leaf spec)` wherever `items` holds a list or tuple in place of a spec leaf; `None` when
+    `items` differs from the spec anywhere else (a key missing, a leaf where the spec nests)."""
+    if isinstance(spec, collections.abc.Mapping):
+        if not isinstance(items, collections.abc.Mapping) or sorted(map(str, items)) != sorted(map(str, spec)):
+            return None
+        keyed = {str(k): v for k, v in items.items()}
+        children = [(str(k), spec[k], keyed[str(k)]) for k in sorted(spec, key=str)]
+    elif isinstance(spec, (list, tuple)):
+        if not isinstance(items, (list, tuple)) or len(items) != len(spec):
+            return None
+        names = spec._fields if hasattr(spec, "_fields") else range(len(spec))
+        children = [(str(n), s, v) for n, s, v in zip(names, spec, items)]
+    elif isinstance(items, (list, tuple)):
+        return [(path or "items", items, spec)]
+    else:
+        return None if isinstance(items, collections.abc.Mapping) else []
+    found: list[tuple[str, Any, tf.TensorSpec]] = []
+    for name, child_spec, child in children:
+        below = _lists_at_leaves(child_spec, child, f"{path}/{name}" if path else name)
+        if below is None:
+            return None
+        found += below
+    return found
+
+
+def _list_shape(value: Any) -> tuple[int, ...] | None:
+    """The shape NumPy would give a nested list, or `None` if it is ragged."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return tuple(np.shape(value))
+    except ValueError:
+        return None
 
 
 def check_leaf(
@@ -283,10 +354,11 @@ def _checked_at_runtime(where: str, path: str, tensor: tf.Tensor, expected: list
     scatter of a well-shaped leaf would then run while another leaf fails,
     tearing the item.
     """
-    check = tf.debugging.assert_equal(
-        tf.shape(tensor, out_type=tf.int64),
-        tf.constant(expected, tf.int64),
-        message=f"{where}: {path} must have shape {expected} ([batch_size] + the spec's shape).",
-    )
+    with tracebacks.hidden():  # a failure shows the caller's frames, not tfreplay's
+        check = tf.debugging.assert_equal(
+            tf.shape(tensor, out_type=tf.int64),
+            tf.constant(expected, tf.int64),
+            message=f"{where}: {path} must have shape {expected} ([batch_size] + the spec's shape).",
+        )
     with tf.control_dependencies([check]):  # so the assertion, not the slice, reports a bad shape
         return tf.slice(tensor, [0] * len(expected), expected), check

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay._src import sample, specs, versioned, write
+from tfreplay._src import sample, specs, tracebacks, versioned, write
 from tfreplay._src.api import BufferInfo
 from tfreplay._src.checkpoint import staged, state
 from tfreplay._src.checkpoint.layout import LayoutState
@@ -205,7 +205,8 @@ class TFTwin:
         """`value`, once `ok` is checked: a graph assertion with `message` (XLA: zeros where not ok)."""
         if under_xla():  # no assertions in XLA: a refused sample carries zeros (ids) and probability 0
             return tf.nest.map_structure(lambda x: tf.where(ok, x, tf.zeros_like(x)), value)
-        check = tf.debugging.Assert(ok, [message])  # string data only: one Assert op, no cond around it
+        with tracebacks.hidden():  # a failure shows where the caller sampled, not tfreplay's frames
+            check = tf.debugging.Assert(ok, [message])  # string data only: one Assert op, no cond around it
         # tf.function runs every assertion anyway; one output carries it for v1 graphs (an identity per output
         # costs more than the check).
         leaves = tf.nest.flatten(value)

@@ -133,11 +133,28 @@ def limiter_counts(saved: Any, capacity: int) -> dict[str, int] | None:
 
 
 def _check_field(field: str, saved: Any, mine: Any, where: str = _WHERE, source: str = "checkpoint") -> None:
+    if field == "sum_tree" and (saved is None) != (mine is None):
+        _refuse_other_sampler(saved, mine, where, source)
     if not _same(saved, mine):
         raise ValueError(
             f"{where}: the {source}'s {field} ({_short(saved)}) must equal this buffer's ({_short(mine)}); "
             f"{'restore into' if source == 'checkpoint' else 'open it with'} a buffer built with the {source}'s layout."
         )
+
+
+def _refuse_other_sampler(saved: Any, mine: Any, where: str, source: str) -> None:
+    """A uniform buffer's record against a prioritized one's (only a prioritized buffer has a sum tree): the
+    refusal names both kinds."""
+    kind, this = ("uniform", "prioritized") if saved is None else ("prioritized", "uniform")
+    name = "Prioritized" if kind == "prioritized" else "Uniform"
+    twins = "PyUniformReplayBuffer" if source != "checkpoint" else "TFUniformReplayBuffer or PyUniformReplayBuffer"
+    twins = twins.replace("Uniform", name)
+    verb = "Restore it into" if source == "checkpoint" else "Open it with"
+    raise ValueError(
+        f"{where}: the {source}'s sum_tree ({_short(saved)}) must equal this buffer's ({_short(mine)}): the {source} "
+        f"holds a {kind} buffer; this buffer is {this}. {verb} a {kind} buffer of the same layout ({twins}, or the "
+        "frame variant), or refill this one."
+    )
 
 
 def _same(a: Any, b: Any) -> bool:
