@@ -31,13 +31,20 @@ SITE = ROOT / "docs" / "tutorials"
 CELL_TIMEOUT = 1800  # seconds; the longest cell trains DQN to its target
 
 
-def execute(source: pathlib.Path, folder: str) -> nbformat.NotebookNode:
-    """`source` run in a fresh kernel whose working directory is `folder`, this checkout first on its path."""
+def execute(
+    source: pathlib.Path, folder: str, parameters: dict | None = None, timeout: int = CELL_TIMEOUT
+) -> nbformat.NotebookNode:
+    """`source` run in a fresh kernel whose working directory is `folder`, this checkout first on its path;
+    `parameters` (name -> value), if given, replace the cell tagged `parameters`. Raises `CellExecutionError`,
+    with the failing cell and its traceback, on any error."""
     nb = jupytext.read(source, fmt="py:percent")
+    if parameters is not None:
+        (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        cell.source = "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
     environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # the notebook sets it
     environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [environ.get("PYTHONPATH")])])
     client = NotebookClient(
-        nb, timeout=CELL_TIMEOUT, kernel_name="python3", coalesce_streams=True, resources={"metadata": {"path": folder}}
+        nb, timeout=timeout, kernel_name="python3", coalesce_streams=True, resources={"metadata": {"path": folder}}
     )
     client.execute(env=environ)
     return nb

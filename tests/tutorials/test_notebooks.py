@@ -15,7 +15,7 @@ import pytest
 # The compatibility lane (TF 2.15, TF-Agents' typing-extensions pin) has no notebook tooling: skip there.
 NO_TOOLING = "notebook tooling (the test extra) is not installed"
 jupytext = pytest.importorskip("jupytext", reason=NO_TOOLING)
-NotebookClient = pytest.importorskip("nbclient", reason=NO_TOOLING).NotebookClient
+pytest.importorskip("nbclient", reason=NO_TOOLING)  # runs the notebooks (tutorials/execute.py)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
@@ -126,14 +126,12 @@ def test_the_tutorials_build_with_the_keras_tensorflow_uses():
 
 
 def run(path, tmp_path):
-    """The tutorial converted to a notebook and executed in a fresh kernel of this interpreter, which imports this
-    checkout's tfreplay and starts without TF_CPP_MIN_LOG_LEVEL, so that the notebook must set it."""
-    nb = notebook(path)
-    parameters_cell(nb).source = "\n".join(f"{k} = {v!r}" for k, v in SMALL[path.stem].items())
-    environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [environ.get("PYTHONPATH")])])
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
-    client.execute(env=environ)  # raises CellExecutionError, with the failing cell and its traceback, on any error
+    """The tutorial with its small parameters, executed as `make tutorials-site` executes it (a fresh kernel of
+    this interpreter, this checkout's tfreplay, no TF_CPP_MIN_LOG_LEVEL, so that the notebook must set it)."""
+    spec = importlib.util.spec_from_file_location("tutorials_execute", ROOT / "tutorials" / "execute.py")
+    executor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(executor)
+    nb = executor.execute(path, str(tmp_path), SMALL[path.stem], timeout=600)
     return [o for c in code_cells(nb) for o in c.outputs]
 
 

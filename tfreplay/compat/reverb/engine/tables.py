@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Protocol, Sequence
 
+from tfreplay.compat.reverb.engine.checkpoints import TempDirCheckpointer
 from tfreplay.compat.reverb.engine.table import Table, insert_step
 from tfreplay.compat.reverb.errors import NotFoundError
 
@@ -114,8 +115,6 @@ class Tables:
 
     def checkpoint(self) -> str:
         if self.checkpointer is None:  # as Reverb: a temporary directory unless one was given
-            from tfreplay.compat.reverb.engine.checkpoints import TempDirCheckpointer
-
             self.checkpointer = TempDirCheckpointer()
         return self.checkpointer.save(self.tables)
 
