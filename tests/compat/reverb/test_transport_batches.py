@@ -46,3 +46,46 @@ def test_a_sample_batch_arrives_as_written(server, table, lengths):
         assert sample.data[1].dtype == np.int32 and sample.info.times_sampled == 1
     assert len({s.info.key for s in samples}) == len(lengths)
     assert [s.info.table_size for s in samples] == list(range(len(lengths), 0, -1))
+
+
+def test_a_cell_crosses_an_insert_stream_once_and_is_forgotten_once_let_go():
+    import gc
+
+    from tfreplay.compat.reverb.engine.items import Column, Item
+    from tfreplay.compat.reverb.transport import cells, wire
+
+    out, held = cells.CellsOut(), cells.CellsIn()
+    frames = [np.full([84, 84, 4], t, np.uint8) for t in range(3)]
+    first = Item(1, 1.0, (Column((frames[0], frames[1]), False),))
+    second = Item(2, 2.0, (Column((frames[1], frames[2]), False), Column((frames[2],), True)))
+    requests = [out.encode([("t", first)]), out.encode([("t", second)])]
+    assert len(requests[0]) > 2 * frames[0].nbytes and len(requests[1]) < 1.5 * frames[0].nbytes  # frame 1 once
+    (a,), (b,) = (held.read(r, "test") for r in requests)
+    assert a[:3] == ("t", 1.0, []) and b[:3] == ("t", 2.0, [])
+    for column, expected in zip(a[3] + b[3], [frames[:2], frames[1:], frames[2:]]):
+        assert len(column.cells) == len(expected)
+        for cell, frame in zip(column.cells, expected):
+            np.testing.assert_array_equal(cell, frame)
+    assert b[3][0].cells[0] is a[3][0].cells[1] and b[3][1].squeeze  # the server's items share the cell too
+
+    del first
+    frames[0] = None
+    gc.collect()
+    third = out.encode([("t", Item(3, 1.0, (Column((frames[2],), True),)))])
+    assert wire.decode(third)[0]["forget"] == [0]  # frame 0, let go on the client, is dropped on the server
+    (c,) = held.read(third, "test")
+    assert c[3][0].cells[0] is b[3][1].cells[0]
+
+    def request(blocks: list, items: list, arrays: list) -> bytes:
+        return wire.encode({"tables": ["t"], "blocks": blocks, "items": items, "forget": []}, arrays)
+
+    refused = {
+        "names a cell the stream does not hold": request([], [[0, 1.0, [], [[False, [0]]]]], []),
+        "is already held": request([[0, 1]], [], [np.array([1], np.int64), np.zeros([1, 2])]),
+        "is squeezed": request([], [[0, 1.0, [], [[True, [1, 2]]]]], []),
+        "must be \\[table index": request([], [[3, 1.0, [], [[False, [1]]]]], []),
+        "needs int64\\[n\\] numbers and n values": request([[0, 1]], [], [np.array([7, 8]), np.zeros([1, 2])]),
+    }
+    for rule, message in refused.items():
+        with pytest.raises(wire.WireError, match=rule):
+            held.read(message, "test")

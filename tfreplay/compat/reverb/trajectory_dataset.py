@@ -180,12 +180,15 @@ class _Draws:
         for item, _ in draws:
             self._check(item, specs)
         columns = []
+        stacked = getattr(draws, "stacked", None)  # a remote table's answer: one array per column already
         for i, spec in enumerate(specs):  # the draws' columns agree in shape: several draws need fixed shapes
             if not draws:
                 columns.append(np.zeros([0] + [d or 0 for d in spec.shape.as_list()], spec.dtype.as_numpy_dtype))
-                continue
-            cells = [cell for item, _ in draws for cell in item.columns[i].cells]
-            columns.append(np.stack(cells).reshape((len(draws),) + draws[0][0].columns[i].shape()))
+            elif stacked is not None:
+                columns.append(stacked[i])
+            else:
+                cells = [cell for item, _ in draws for cell in item.columns[i].cells]
+                columns.append(np.stack(cells).reshape((len(draws),) + draws[0][0].columns[i].shape()))
         infos = [info for _, info in draws]
         fields = [np.array([x[j] for x in infos], d.as_numpy_dtype) for j, d in enumerate(SampleInfo.tf_dtypes())]
         return ReplaySample(SampleInfo(*fields), tf.nest.pack_sequence_as(self.specs, columns))

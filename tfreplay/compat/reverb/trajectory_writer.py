@@ -77,7 +77,7 @@ class TrajectoryColumn:
         return self._column("numpy").value()
 
     def _column(self, where: str) -> Column:
-        if not self._cells or any(c is None for c in self._cells):
+        if not self._cells or type(None) in map(type, self._cells):
             raise ValueError(
                 f"TrajectoryColumn.{where}: column {path_name(self._path)} has "
                 f"{'no cells' if not self._cells else 'steps with no value (None)'}; an item needs a value in each."
@@ -134,9 +134,11 @@ class _ColumnHistory:
         if isinstance(val, slice):
             if val.step not in (None, 1):
                 raise ValueError(f"history: a slice step ({val.step}) is not supported; use a contiguous slice.")
-            indices = list(range(n)[val])
-            cells = [self._cell(i) for i in indices]
-            return TrajectoryColumn._of(cells, [self._episodes[i - self._start] for i in indices], path=self._path)
+            start, stop, _ = val.indices(n)
+            if start < stop:
+                self._cell(start)  # held, or the error that says how far back items may reach
+            held = slice(max(start - self._start, 0), max(stop - self._start, 0))
+            return TrajectoryColumn._of(self._cells[held], self._episodes[held], path=self._path)
         index = int(val) + n if int(val) < 0 else int(val)
         if not 0 <= index < n:
             raise IndexError(f"history: index ({val}) out of range for a column of {n} steps.")

@@ -11,7 +11,6 @@ never from Python's global `random`, which user code may seed.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import random
@@ -86,12 +85,21 @@ def check_columns(where: str, signature: Any, columns: Sequence[Column], step_sh
     if signature is None:
         return
     kinds = tuple((c.cells[0].dtype, c.shape(), c.cells[0].shape if step_shapes else None) for c in columns)
-    rule = _mismatch(tuple(tf.nest.flatten(signature)), kinds)  # a writer's items repeat a few kinds: cached
+    held = _SIGNATURES.get(id(signature))
+    if held is None or held[0] is not signature:  # a writer's items repeat a few kinds: their verdicts are kept
+        if len(_SIGNATURES) >= 256:
+            _SIGNATURES.clear()
+        held = _SIGNATURES[id(signature)] = (signature, tuple(tf.nest.flatten(signature)), {})
+    if kinds not in held[2]:
+        held[2][kinds] = _mismatch(held[1], kinds)
+    rule = held[2][kinds]
     if rule is not None:
         raise SignatureError(f"{where}: {rule}")
 
 
-@functools.lru_cache(maxsize=1024)
+_SIGNATURES: dict[int, tuple] = {}  # id(signature) -> (signature, its specs, {column kinds: mismatch or None})
+
+
 def _mismatch(specs: tuple, kinds: tuple) -> str | None:
     """Why columns of these `(dtype, shape, step shape or None)` kinds do not match `specs`; None if they do."""
     if len(specs) != len(kinds):

@@ -36,7 +36,7 @@ import tensorflow as tf
 from tfreplay.compat.reverb import errors
 from tfreplay.compat.reverb.engine.items import Item
 from tfreplay.compat.reverb.engine.table import MAX_DRAWS_PER_CALL, checked_priority
-from tfreplay.compat.reverb.transport import wire
+from tfreplay.compat.reverb.transport import cells, wire
 
 CONNECT_TIMEOUT = 60.0
 INSERT_WINDOW = 128
@@ -170,16 +170,15 @@ class RemoteServer:
         return wire.draws_in(answer, arrays, "Client.sample")
 
     def enqueue(self, table: str, item: Item) -> _Ticket:
+        for column in item.columns:
+            for cell in column.cells:
+                wire.check_sendable(cell.dtype)
         self.connect(None)
-        out: list = []
-        header = {"table": table, "priority": item.priority, "episodes": list(item.episodes)}
-        header["columns"] = wire.columns_out(item.columns, out)
-        message = wire.encode(header, out)
         with self._lock:
             if self._inserts is None or self._inserts.error is not None:
                 self._inserts = _InsertStream(self._insert, self.address)
             stream = self._inserts
-        return stream.send(message)
+        return stream.send(table, item)
 
 
 class RemoteTable:
@@ -271,7 +270,8 @@ class _InsertStream:
 
     def __init__(self, method: Any, address: str):
         self._address = address
-        self._pending: list[bytes] = []  # items not sent yet, bounded by the window: send() waits for room
+        self._pending: list[tuple[str, Item]] = []  # items not sent yet, bounded by the window: send() waits for room
+        self._cells = cells.CellsOut()  # used by the request iterator's thread only
         self._urgent = False  # a caller waits for the pending items: send them without lingering
         self._ended = False
         self._tickets: collections.deque[_Ticket] = collections.deque()
@@ -293,13 +293,13 @@ class _InsertStream:
                     return
                 count, size = 0, 0
                 while count < len(self._pending) and size < BATCH_BYTES:
-                    size += len(self._pending[count])
+                    size += sum(c.nbytes for column in self._pending[count][1].columns for c in column.cells)
                     count += 1
-                messages, self._pending = self._pending[:count], self._pending[count:]
+                entries, self._pending = self._pending[:count], self._pending[count:]
                 self._urgent = bool(self._pending) and self._urgent
-            yield wire.frames(messages)
+            yield self._cells.encode(entries)
 
-    def send(self, message: bytes) -> _Ticket:
+    def send(self, table: str, item: Item) -> _Ticket:
         with self._cond:
             while len(self._tickets) >= INSERT_WINDOW and self.error is None:
                 self._urgent = True
@@ -309,7 +309,7 @@ class _InsertStream:
                 raise self.error
             ticket = _Ticket(self)
             self._tickets.append(ticket)
-            self._pending.append(message)
+            self._pending.append((table, item))
             if len(self._pending) in (1, SEND_ITEMS):  # wakes the sender: to linger, then to send
                 self._cond.notify_all()
             return ticket

@@ -9,7 +9,7 @@ Three methods of one service, `tfreplay.reverb.Tables`, all carrying
   draws; the answer comes before the next request is read, so one batch is
   in flight per stream.
 - `Insert` (a stream each way): each request is a batch of writer items
-  (`wire.frames`: those queued when it left); each
+  (`cells`: those queued when it left, each step cell sent once); each
   answer acknowledges the oldest `n` items once their tables took them in
   (or says why the oldest was refused). A stream holds at most `INSERT_WINDOW` items that are not yet
   acknowledged; beyond that it reads no more, and gRPC's flow control holds
@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
-from tfreplay.compat.reverb.engine.items import Item, check_columns, check_key, new_key
+from tfreplay.compat.reverb.engine.items import Item, check_key, new_key
 from tfreplay.compat.reverb.engine.table import MAX_DRAWS_PER_CALL, Table
 from tfreplay.compat.reverb.engine.tables import Tables
 from tfreplay.compat.reverb.errors import DeadlineExceededError
-from tfreplay.compat.reverb.transport import wire
+from tfreplay.compat.reverb.transport import cells, wire
 
 POLL = 1.0
 INSERT_WINDOW = 64
@@ -181,17 +181,18 @@ class _Service:
             window.close()
 
     def _read_items(self, requests: Iterator[bytes], window: _Window) -> None:
+        held = cells.CellsIn()
         try:
             for request in requests:
                 try:
-                    messages = wire.unframe(request)
+                    items = held.read(request, "Server")
                 except wire.WireError:
-                    return  # not a batch of this format: the stream ends (its items unacknowledged fail)
-                for message in messages:
+                    return  # not a request of this format: the stream ends (its items unacknowledged fail)
+                for item in items:
                     if not window.wait_room():
                         return
                     try:
-                        window.put(self._enqueue(message))
+                        window.put(self._enqueue(*item))
                     except Exception as e:
                         window.put((None, None, e))
         except Exception:  # the client went away mid-stream
@@ -199,16 +200,10 @@ class _Service:
         finally:
             window.close()
 
-    def _enqueue(self, request: bytes) -> tuple:
-        header, arrays = wire.decode(request)
-        table = self._table(header)
-        where = f"TrajectoryWriter.create_item (table {table.name!r})"
-        weight = table.checked_priority(where, header.get("priority"))
-        columns = wire.columns_in(header.get("columns"), arrays, where)
-        if header.get("validate") is True:
-            check_columns(where, table.signature, columns)
-        episodes = tuple(wire.keys(header.get("episodes"), where, "episodes"))
-        return table, table.enqueue(Item(new_key(), weight, columns, episodes=episodes)), None
+    def _enqueue(self, name: str, priority: Any, episodes: list, columns: tuple) -> tuple:
+        table = self._tables.table("Server", name)
+        weight = table.checked_priority(f"TrajectoryWriter.create_item (table {table.name!r})", priority)
+        return table, table.enqueue(Item(new_key(), weight, columns, episodes=tuple(episodes))), None
 
 
 def _patient(context: Any, wait: Callable, *args: Any) -> Any:

@@ -12,6 +12,7 @@ error class. Nothing here imports gRPC: the server and client modules do.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -33,7 +34,6 @@ MESSAGE_LIMITS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
 ]
 MAGIC = b"TFRV"
-BATCH = b"TFRB"
 MAX_HEADER = 16 << 20
 MAX_RANK = 32
 DTYPES = re.compile(r"^[<>|=]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8|c8|c16|S\d{1,6}|U\d{1,6})$")
@@ -78,27 +78,6 @@ def decode(message: bytes) -> tuple[dict, list[np.ndarray]]:
     return header, arrays
 
 
-def frames(messages: Sequence[bytes]) -> bytes:
-    """Several messages as one (`b"TFRB"`, then each message's length, 4 bytes little endian, and bytes)."""
-    return BATCH + b"".join(struct.pack("<I", len(m)) + m for m in messages)
-
-
-def unframe(batch: bytes) -> list[bytes]:
-    """The messages of `frames`; `WireError` for anything out of the format."""
-    if batch[:4] != BATCH:
-        raise WireError("wire: the batch does not start with the transport's batch bytes.")
-    messages, offset = [], 4
-    while offset < len(batch):
-        if offset + 4 > len(batch):
-            raise WireError("wire: a batch ends inside a message's length.")
-        (size,) = struct.unpack("<I", batch[offset : offset + 4])
-        if offset + 4 + size > len(batch):
-            raise WireError(f"wire: a batched message's length ({size}) must fit the batch.")
-        messages.append(batch[offset + 4 : offset + 4 + size])
-        offset += 4 + size
-    return messages
-
-
 def _plain(array: Any) -> np.ndarray:
     """`array` as an array of an allowed dtype (Python strings and bytes as fixed-width strings)."""
     array = np.asarray(array)
@@ -106,9 +85,15 @@ def _plain(array: Any) -> np.ndarray:
         flat = array.reshape(-1).tolist()
         if all(isinstance(x, bytes) for x in flat):
             array = np.array(flat, dtype=bytes).reshape(array.shape)
-    if not DTYPES.match(array.dtype.str):
-        raise TypeError(f"wire: an array of dtype {array.dtype} cannot be sent; use numbers, bools or strings.")
+    check_sendable(array.dtype)
     return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+@functools.lru_cache(maxsize=256)
+def check_sendable(dtype: np.dtype) -> None:
+    """`TypeError` unless arrays of `dtype` can be sent (numbers, bools, fixed-width strings)."""
+    if not DTYPES.match(dtype.str):
+        raise TypeError(f"wire: an array of dtype {dtype} cannot be sent; use numbers, bools or strings.")
 
 
 def _array_entry(entry: Any) -> tuple[np.dtype, tuple]:
@@ -226,20 +211,30 @@ def draws_in(header: dict, arrays: list, where: str) -> list:
     n = len(keys) if keys.ndim == 1 else -1
     if keys.dtype != np.uint64 or stats.dtype != np.float64 or stats.shape != (n, 4):
         raise WireError(f"{where}: draws need keys u8[n] and stats f8[n, 4]; got {keys.shape}, {stats.shape}.")
+    stacked = None
     if "stacked" in header:
         values = _column_values(field(header, "stacked", list, where), arrays, where)
         if not values or any(v.ndim == 0 or v.shape[0] != n for _, v in values):
             raise WireError(f"{where}: each stacked column must have a row for each of the {n} draws.")
         columns = [tuple(_column(squeeze, v[j], where) for squeeze, v in values) for j in range(n)]
+        stacked = [v for _, v in values]
     else:
         described = field(header, "columns", list, where)
         if len(described) != n:
             raise WireError(f"{where}: columns ({len(described)} draws) must describe each of the {n} draws.")
         columns = [columns_in(d, arrays, where) for d in described]
-    draws = []
+    draws = Draws()
     for key, (probability, size, priority, times), cols in zip(keys.tolist(), stats.tolist(), columns):
         draws.append((Item(key, priority, cols, int(times)), (key, probability, int(size), priority, int(times))))
+    draws.stacked = stacked
     return draws
+
+
+class Draws(list):
+    """Draws `(item, info)`; `stacked`: each column's values with a row per draw, when the answer carried them so
+    (a dataset batches those as they are, not its items' cells again)."""
+
+    stacked: list | None = None
 
 
 def _index(header: dict, name: str, arrays: list, where: str) -> int:
