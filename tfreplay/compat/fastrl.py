@@ -1,4 +1,4 @@
-"""`ExperienceReplay`: a replay memory that wraps a stream of steps.
+"""`ExperienceReplay`: fastrl's replay memory over a stream of steps, on a `PyUniformReplayBuffer`.
 
 It pulls steps one at a time from any iterable (a driver's step stream, a
 generator over a gymnasium env), stores each in a ring of `max_sz` slots and,
@@ -8,24 +8,29 @@ when iterated, yields a sampled batch of `bs` steps after every step it pulls.
     for batch in memory:        # one pulled step, one sampled batch
         train(batch.state, batch.action, batch.reward, batch.next_state, batch.done)
 
-The ring is one segment of `RowStorage` rows addressed through `ring.py`, so
-slot `i` is storage row `i`. The step structure, dtypes and shapes are taken
-from the first step; every later step must match them exactly.
+The ring is a `PyUniformReplayBuffer` of capacity `max_sz`, made at the first
+step (whose structure, dtypes and shapes it takes) and used through its public
+API only, so storage, locking and the random source are the library's. Step `t`
+(counting from 0) is the buffer's item `t` and lies in slot `t % max_sz`. The
+buffer draws with replacement; fastrl's batches are distinct steps, so
+`sample` keeps each slot's first draw (see `draw_distinct`). The adapter adds
+fastrl's counters, and checks each step against the first before the buffer
+does, so that a refusal names the step's field in fastrl's terms.
 """
 
 from __future__ import annotations
 
 import reprlib
+import secrets
 import threading
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import ring, specs
-from tfreplay._src.ops import NUMPY_OPS
+from tfreplay._src import specs
 from tfreplay._src.specs import Nest
-from tfreplay._src.storage import RowStorage
+from tfreplay.buffers import PyUniformReplayBuffer
 
 _WHERE = "ExperienceReplay"
 
@@ -85,19 +90,42 @@ def step_to_arrays(where: str, step_spec: Nest, paths: list[str], step: Nest) ->
     return arrays
 
 
-def _zeros(name: str, shape: list, dtype: tf.DType) -> np.ndarray:
-    return np.zeros(shape, dtype.as_numpy_dtype)
-
-
 def ring_counters(num_adds: int, max_sz: int) -> tuple[int, int, int]:
     """Returns `(size, index, cycle)` after `num_adds` steps.
 
     The wrap is lazy: writing step `num_adds + 1` into a full ring starts a new
     cycle at slot 0, so `index` stays `max_sz` (not 0) until then.
     """
-    _, size = ring.live_range(num_adds, max_sz, NUMPY_OPS)
     cycle = max(num_adds - 1, 0) // max_sz
-    return int(size), num_adds - cycle * max_sz, cycle
+    return min(num_adds, max_sz), num_adds - cycle * max_sz, cycle
+
+
+def draw_distinct(buffer: PyUniformReplayBuffer, bs: int, size: int) -> tuple[Nest, np.ndarray]:
+    """`(batch, slots)`: `bs` distinct stored steps in random order, from the buffer's uniform draws.
+
+    The buffer draws with replacement; keeping each slot's first draw only,
+    in draw order, is exactly a draw without replacement (every kept step is
+    uniform over those not kept yet), whatever the rounds' sizes. A round asks
+    for as many draws as the missing steps take on average: with `bs` small
+    beside `size` that is `bs`, and they are nearly always distinct as drawn;
+    `bs` close to `size` costs about `size * ln(size)` draws in all.
+    """
+    rounds: list[list[np.ndarray]] = []
+    kept = np.zeros(0, np.int64)  # the kept slots, in draw order
+    while len(kept) < bs:
+        need = bs - len(kept)
+        count = max(need, round(float(np.sum(size / (size - len(kept) - np.arange(need))))))
+        items, info = buffer.get_next(count)
+        slots = info.ids % buffer.capacity
+        if count == bs and len(set(slots.tolist())) == bs:  # the first round, all distinct: the batch as drawn
+            return items, slots
+        _, first = np.unique(slots, return_index=True)
+        new = np.sort(first)  # each slot's first draw in this round, in draw order
+        new = new[~np.isin(slots[new], kept, assume_unique=True)][:need]
+        rounds.append([leaf[new] for leaf in tf.nest.flatten(items)])
+        kept = np.concatenate([kept, slots[new]])
+    leaves = [np.concatenate(parts) for parts in zip(*rounds)]
+    return tf.nest.pack_sequence_as(items, leaves), kept
 
 
 class ExperienceReplay:
@@ -135,7 +163,8 @@ class ExperienceReplay:
       max_sz: slots in the ring; the oldest step is overwritten when full.
       return_idxs: make `sample()` (and iteration) return `(batch, idxs)`,
         `idxs` being the sampled slots, positions in `memory`.
-      seed: seed of the sampling generator (`None`: fresh entropy).
+      seed: seed of the sampling generator (`None`: fresh entropy); the same
+        seed and steps give the same batches.
 
     Raises:
       TypeError: `source` is not iterable, or `return_idxs` is not a bool.
@@ -161,14 +190,16 @@ class ExperienceReplay:
                 f"{_WHERE}: source ({reprlib.repr(source)}) must be an iterable of steps "
                 "(a generator, a list, a driver's step stream)."
             ) from None
+        np.random.default_rng(seed)  # a bad seed is refused here, not at the first step
         self._bs = int(bs)
         self._max_sz = int(max_sz)
         self._return_idxs = bool(return_idxs)
-        self._rng = np.random.default_rng(seed)
+        # The buffer takes None as TF's global seed; fastrl's memory draws from fresh entropy then.
+        self._seed = secrets.randbits(128) if seed is None else seed
         self._lock = threading.Lock()
         self._step_spec: Nest = None
         self._paths: list[str] = []
-        self._storage: RowStorage | None = None
+        self._buffer: PyUniformReplayBuffer | None = None
         self._num_adds = 0
 
     @property
@@ -228,11 +259,11 @@ class ExperienceReplay:
                 step_spec = infer_step_spec(where, step)
                 paths = specs.leaf_paths(step_spec)
             arrays = step_to_arrays(where, step_spec, paths, step)
-            if self._storage is None:
-                self._storage = RowStorage(step_spec, paths, self._max_sz, _zeros)
+            if self._buffer is None:
+                # No episode index: fastrl's memory samples single steps, whatever the fields are called.
+                self._buffer = PyUniformReplayBuffer(step_spec, self._max_sz, seed=self._seed, episode_rule=None)
                 self._step_spec, self._paths = step_spec, paths
-            rows, _ = ring.local_to_rows(np.array([self._num_adds]), 0, self._max_sz, 1)
-            self._storage.write(rows, [a[None] for a in arrays], NUMPY_OPS)
+            self._buffer.add_batch(tf.nest.pack_sequence_as(step_spec, [a[None] for a in arrays]))
             self._num_adds += 1
 
     def sample(self, bs: int | None = None) -> Any:
@@ -258,9 +289,8 @@ class ExperienceReplay:
                     f"{_WHERE}.sample: bs ({bs}) must be at most size ({size}); steps are drawn without "
                     "replacement, so pull more steps from the source first."
                 )
-            assert self._storage is not None  # size > 0
-            idxs = self._rng.choice(size, size=bs, replace=False).astype(np.int64)
-            batch = self._storage.read(idxs, None, NUMPY_OPS)
+            assert self._buffer is not None  # size > 0
+            batch, idxs = draw_distinct(self._buffer, int(bs), size)
         return (batch, idxs) if self._return_idxs else batch
 
     @property
@@ -272,8 +302,11 @@ class ExperienceReplay:
         oldest. Each step has the first step's structure, with NumPy leaves.
         """
         with self._lock:
-            if self._storage is None:
+            if self._buffer is None:
                 return []
-            leaves = tf.nest.flatten(self._storage.read(np.arange(self.size), None, NUMPY_OPS))
+            size = self.size
+            oldest_slot = (self._num_adds - size) % self._max_sz
+            # `gather_all` is `[1, size, ...]`, oldest first; rolling puts each step at its slot.
+            leaves = [np.roll(leaf[0], oldest_slot, axis=0) for leaf in tf.nest.flatten(self._buffer.gather_all())]
             step_spec = self._step_spec
-        return [tf.nest.pack_sequence_as(step_spec, [leaf[i] for leaf in leaves]) for i in range(len(leaves[0]))]
+        return [tf.nest.pack_sequence_as(step_spec, [leaf[i] for leaf in leaves]) for i in range(size)]
