@@ -2,9 +2,10 @@
 
 pytest-benchmark times its cases one after another, so a change in the
 machine's load between two cases moves their ratio. Here each round times
-every case for the same number of calls, in an order that runs backwards every
-other round and rotates by one place every two, so each case takes each
-position and follows each other case about equally often. A case's figure is
+every case for the same number of calls, a group's cases one after another;
+the order of the groups, and of the cases in each, runs backwards every other
+round and rotates by one place every two, so each case takes each position and
+follows each other case about equally often. A case's figure is
 its median over the rounds with the min-max; a ratio is taken within each round
 (both sides under that round's load), then its median and min-max over the
 rounds. A ratio whose min-max holds 1.0 is parity, not a win or a loss.
@@ -78,6 +79,20 @@ def order(count: int, round_index: int) -> List[int]:
     return turn[::-1] if round_index % 2 else turn
 
 
+def schedule(groups: Sequence[str], round_index: int) -> List[int]:
+    """The indices of cases (given by their groups) in the order round `round_index` times them: the groups in
+    `order`, each group's cases together, in `order` among themselves, so a case and its group's baseline are
+    timed seconds apart at most, under about the same load."""
+    members: Dict[str, List[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    runs = list(members.values())
+    out = []
+    for g in order(len(runs), round_index):
+        out += [runs[g][i] for i in order(len(runs[g]), round_index)]
+    return out
+
+
 def timed(case: Case, clock: Clock = time.perf_counter) -> float:
     """Seconds of `case.calls` calls of `case.fn` (its `setup` before each, not counted), the collector off."""
     total = 0.0
@@ -141,7 +156,7 @@ def run(
     times: List[List[float]] = [[] for _ in cases]
     loads = [load()]
     for r in range(rounds):
-        for i in order(len(cases), r):
+        for i in schedule([c.group for c in cases], r):
             times[i].append(timed(cases[i], clock) / (cases[i].calls * cases[i].ops))
         loads.append(load())
         if progress is not None:

@@ -97,6 +97,16 @@ def test_interleaved_order_puts_every_case_in_every_place_and_each_pair_both_way
     assert all(before.count((a, b)) == before.count((b, a)) for a, b in before)
 
 
+def test_interleaved_rounds_time_a_groups_cases_together_and_every_case_once():
+    groups = ["a", "b", "a", "c", "b", "a"]
+    for r in range(6):
+        turn = interleave.schedule(groups, r)
+        assert sorted(turn) == list(range(len(groups)))
+        runs = [g for i, g in enumerate(groups[j] for j in turn) if i == 0 or g != groups[turn[i - 1]]]
+        assert sorted(runs) == ["a", "b", "c"]  # each group one run of its cases
+    assert len({tuple(interleave.schedule(groups, r)) for r in range(6)}) == 6
+
+
 class FakeClock:
     """Time that moves only when a case runs: a case costs its own seconds times the round's load."""
 
