@@ -60,6 +60,7 @@ class Spread:
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
+        """The median, least and greatest of one value per round."""
         if not values:
             raise ValueError("Spread.of: values (empty) must hold at least one round")
         return cls(statistics.median(values), min(values), max(values))

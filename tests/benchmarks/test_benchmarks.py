@@ -186,6 +186,14 @@ def test_interleaved_cases_set_beside_another_group_and_the_report_prints_them(t
     assert "| K=16 | 3,500,000 (3,000,000-4,000,000) | - | 2.50x (2.00-3.00) | 1.25x (1.00-1.50) parity |" in text
 
 
+def test_interleaved_run_refuses_no_rounds_and_two_cases_of_one_name():
+    case = interleave.Case("g", "c", lambda: None, calls=1)
+    with pytest.raises(ValueError, match=r"run: rounds \(0\) must be at least 1"):
+        interleave.run([case], rounds=0)
+    with pytest.raises(ValueError, match=r"unique by \(group, name\); repeated: \[\('g', 'c'\)\]"):
+        interleave.run([case, interleave.Case("g", "c", lambda: None, calls=1)], rounds=1)
+
+
 class FakeBenchmark:
     """pytest-benchmark's fixture as `measure` sees it under --interleaved (turned off, a collector beside it)."""
 
