@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
+.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,9 +73,16 @@ demo: $(DEMO_STAMP)
 # measured in the same run. A run saves its JSON under .benchmarks/ (`--benchmark-compare` sets a run beside the last
 # saved one; `pytest-benchmark compare` lists them) and prints a Markdown table per group. `make bench` runs the
 # uniform buffers (about a minute); `make bench BENCH=benchmarks` every file; `make bench ARGS="-k cartpole"` passes
-# pytest arguments.
+# pytest arguments. `ROUNDS=R` times each file's cases in R interleaved rounds instead (benchmarks/interleave.py:
+# every case in every round, medians and min-max over the rounds, each ratio taken within its round; the JSON in
+# .benchmarks/interleaved.json). The targets whose tables are ratios interleave, 7 rounds unless ROUNDS says
+# otherwise (`ROUNDS=0`: pytest-benchmark, one case after another).
 BENCH ?= benchmarks/test_buffers.py
-BENCH_PYTEST = -m pytest -c benchmarks/pytest.ini --benchmark-autosave --benchmark-json=.benchmarks/last.json
+INTERLEAVED = $(filter-out 0,$(ROUNDS))
+BENCH_JSON = .benchmarks/$(if $(INTERLEAVED),interleaved,last).json
+BENCH_PYTEST = -m pytest -c benchmarks/pytest.ini \
+	$(if $(INTERLEAVED),--interleaved=$(ROUNDS) --interleaved-json=$(BENCH_JSON),--benchmark-autosave --benchmark-json=$(BENCH_JSON))
+bench-prioritized bench-memmap bench-learner bench-peers: ROUNDS ?= 7
 
 $(VENV)/.installed-bench: setup.py $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"
@@ -84,18 +91,22 @@ $(VENV)/.installed-bench: setup.py $(STAMP)
 bench: $(VENV)/.installed-bench
 	mkdir -p .benchmarks
 	$(PY) $(BENCH_PYTEST) $(BENCH) $(ARGS)
-	$(PY) -m benchmarks.report .benchmarks/last.json
+	$(PY) -m benchmarks.report $(BENCH_JSON)
 
 bench-prioritized: $(VENV)/.installed-bench
-	$(MAKE) bench BENCH=benchmarks/test_prioritized.py
+	$(MAKE) bench BENCH=benchmarks/test_prioritized.py ROUNDS=$(ROUNDS)
 
 bench-windows: $(VENV)/.installed-bench
 	$(MAKE) bench BENCH=benchmarks/test_windows.py
 
+# NumPy buffers with `storage_dir` against the same buffers in RAM, hot and cold cache (reads and drops a 1 GB file).
+bench-memmap: $(VENV)/.installed-bench
+	$(MAKE) bench BENCH=benchmarks/test_memmap.py ROUNDS=$(ROUNDS)
+
 # Replay-to-update pipelines side by side (NumPy buffer, as_dataset, get_next, TrainLoop K, XLA) against the
 # constant-batch floor, on the demo's Q-network and the DDPG example's update (a few minutes).
 bench-learner: $(VENV)/.installed-bench $(DEMO_STAMP)
-	$(MAKE) bench BENCH=benchmarks/test_learner.py
+	$(MAKE) bench BENCH=benchmarks/test_learner.py ROUNDS=$(ROUNDS)
 
 # The learner and the buffer's add/sample on the GPU beside the CPU (under 10 minutes); ARGS=--cpu-only without one.
 bench-gpu: $(STAMP) $(DEMO_STAMP)
@@ -223,7 +234,7 @@ bazel-test: $(STAMP)
 bench-peers: $(COMPAT_OPS)
 	mkdir -p .benchmarks
 	PYTHONPATH=$(CURDIR) $(COMPAT_PY) $(BENCH_PYTEST) benchmarks/test_peers.py benchmarks/test_learner.py -k "peers or tf_agents" $(ARGS)
-	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.report .benchmarks/last.json
+	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m benchmarks.report $(BENCH_JSON)
 
 # The Reverb shim's gRPC server beside dm-reverb 0.14's, across processes, on TF 2.15 (`ARGS=--quick` for a smoke
 # run, `ARGS="--rounds 5"` for more rounds); the table on stdout, the figures in .benchmarks/reverb_service.json.

@@ -6,6 +6,8 @@ run; `extra_info` carries what `benchmarks/report.py` needs to print a table:
 `ops` (operations per timed call: a graph loop of 200 calls is 200), `items`
 (rows an operation moves) and `role` (`"baseline"`: the group's denominator;
 `"floor"`: the least that kind of call costs, whatever a buffer does inside).
+Under pytest's `--interleaved=R` (`make bench ROUNDS=R`) the same cases are
+timed in R interleaved rounds instead (`benchmarks/interleave.py`).
 
 `TFREPLAY_BENCH_TINY=1` shrinks every size (buffers of a few hundred rows,
 short loops) so that `pytest benchmarks --benchmark-disable` checks in seconds
@@ -22,6 +24,8 @@ from typing import Any, Callable, Dict, List
 
 import numpy as np
 import tensorflow as tf
+
+from benchmarks import interleave
 
 TINY = os.environ.get("TFREPLAY_BENCH_TINY") == "1"
 
@@ -76,22 +80,38 @@ def measure(
     ops: int | None = None,
     items: int | None = None,
     role: str | None = None,
+    versus: str | tuple | None = None,
+    setup: Callable[[], Any] | None = None,
+    rounds: int = 5,
     warmup: int = 2,
 ) -> Any:
     """Warms `fn` up (traces, compiles) and times it with pytest-benchmark, labelled for the report.
 
     `group` is the table it sits in, `case` its row; `ops` defaults to `fn.ops`
-    (a `GraphLoop`), else 1.
+    (a `GraphLoop`), else 1. `versus` names a second case to set this one
+    beside, in the same group (`"TF-Agents"`) or another (`(group, case)`).
+    With `setup` (untimed, before every call), `fn` is timed `rounds` times
+    once each, without a warm-up. Under `--interleaved` (`benchmarks/conftest.py`)
+    the case joins its file's interleaved rounds instead (`benchmarks/interleave.py`).
     """
-    if not benchmark.disabled:
+    ops = ops or getattr(fn, "ops", 1)
+    if isinstance(versus, str):
+        versus = (group, versus)
+    interleaved = getattr(benchmark, "interleaved", None)
+    if setup is None and (interleaved is not None or not benchmark.disabled):
         for _ in range(warmup):
             fn()
+    if interleaved is not None:
+        calls = 1 if setup is not None else 0
+        interleaved.add(interleave.Case(group, case, fn, ops, items, role, setup, versus, calls))
+        return benchmark(lambda: None)  # pytest-benchmark's fixture, off under --interleaved, counts as used
     benchmark.group = group
-    benchmark.extra_info.update(case=case, ops=ops or getattr(fn, "ops", 1))
-    if items is not None:
-        benchmark.extra_info["items"] = items
-    if role is not None:
-        benchmark.extra_info["role"] = role
+    benchmark.extra_info.update(case=case, ops=ops)
+    for key, value in (("items", items), ("role", role), ("versus", versus)):
+        if value is not None:
+            benchmark.extra_info[key] = list(value) if key == "versus" else value
+    if setup is not None:
+        return benchmark.pedantic(fn, setup=setup, rounds=rounds)
     return benchmark(fn)
 
 

@@ -8,6 +8,10 @@ operations that call made (a graph loop of 200 calls counts 200), so it reads
 per operation; "noise" is the interquartile range over the median; "x base" is
 the row's median over the median of the group's case marked `role="baseline"`
 (or, without one, its first floor), timed in the same run. Floors are marked.
+
+A file written by `--interleaved` (`make bench ROUNDS=R`) prints as
+`benchmarks/interleave.py` renders it: medians over rounds with their min-max,
+and each ratio taken within each round.
 """
 
 from __future__ import annotations
@@ -16,18 +20,7 @@ import argparse
 import json
 from typing import Any, Dict, List
 
-
-def _num(x: float) -> str:
-    if x >= 100:
-        return f"{x:,.0f}"
-    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
-
-
-def _rate(x: float) -> str:
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if x / scale >= 0.9995:  # what rounds to 1.00 of this unit
-            return f"{x / scale:.2f}{suffix}"
-    return f"{x:.0f}"
+from benchmarks import interleave
 
 
 def per_op(bench: Dict[str, Any]) -> float:
@@ -62,10 +55,10 @@ def table(cases: List[Dict[str, Any]]) -> str:
         name = info.get("case", bench["name"])
         if info.get("role"):
             name = f"{name} ({info['role']})"
-        items = f"{_rate(info['items'] / seconds)}" if "items" in info else "-"
+        items = f"{interleave.rate(info['items'] / seconds)}" if "items" in info else "-"
         noise = f"±{50 * stats['iqr'] / stats['median']:.0f}%" if stats["median"] else "-"
         ratio = f"{seconds / base:,.2f}x" if base else "-"
-        lines.append(f"| {name} | {_num(seconds * 1e6)} | {items} | {noise} | {ratio} |")
+        lines.append(f"| {name} | {interleave.num(seconds * 1e6)} | {items} | {noise} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -88,13 +81,15 @@ def render(data: Dict[str, Any]) -> str:
 
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.splitlines()[0])
-    parser.add_argument("json", nargs="+", help="files written by pytest's --benchmark-json")
+    parser.add_argument("json", nargs="+", help="files written by pytest's --benchmark-json or --interleaved")
     args = parser.parse_args(argv)
     for i, path in enumerate(args.json):
         with open(path) as f:
-            if i:
+            data = json.load(f)
+        for j, run in enumerate(data["runs"] if "runs" in data else [data]):
+            if i or j:
                 print()
-            print(render(json.load(f)))
+            print(interleave.render(run) if "runs" in data else render(run))
 
 
 if __name__ == "__main__":

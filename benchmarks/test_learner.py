@@ -16,6 +16,9 @@ a full 50,000-item buffer. Cases, per train step (the same update in each):
 * TrainLoop K: `tfreplay.TrainLoop(buffer, step, K, batch)`, one call per K
   steps, K = 1, 4, 16, 64, and with `jit_compile=True` (K = 16, 64).
 
+The prioritized learner's cases are also set beside the uniform learner's same
+case (interleaved runs: `make bench-learner`).
+
 The `tf-agents dqn` group (where `tf_agents` imports: `make bench-peers`, the
 TF 2.15 lane) trains one TF-Agents `DqnAgent` (256x256 `QNetwork`, CartPole
 shapes, batch 128) from 50,000 items: TF-Agents' own loop,
@@ -54,7 +57,10 @@ def learner(request: pytest.FixtureRequest) -> learners.Learner:
 
 
 def _time(benchmark: Any, w: learners.Learner, case: str, call: Callable[[], Any], steps: int, **kwargs: Any) -> None:
-    measure(benchmark, synced(call), group=f"learner {w.name}", case=case, ops=steps, items=w.batch, **kwargs)
+    # The prioritized learner's cases beside the uniform one's: what prioritized replay adds to the same update.
+    versus = ("learner dqn", case) if w.name == "dqn-prioritized" and "role" not in kwargs else None
+    group = f"learner {w.name}"
+    measure(benchmark, synced(call), group=group, case=case, ops=steps, items=w.batch, versus=versus, **kwargs)
 
 
 def test_floor_fixed_batch(benchmark, learner):
@@ -173,18 +179,22 @@ def test_tf_agents_floor_fixed_batch(benchmark, tfa):
     _tfa_time(benchmark, "floor: fixed batch, in-graph", loop, FLOOR_STEPS, role="baseline")
 
 
+TFA_LOOP = "TF-Agents: as_dataset(npc=3).prefetch(3) + agent.train"
+
+
 def test_tf_agents_own_loop(benchmark, tfa):
     agent, theirs, _ = tfa
-    _tfa_time(benchmark, "TF-Agents: as_dataset(npc=3).prefetch(3) + agent.train", _dataset_train(agent, theirs), 1)
+    _tfa_time(benchmark, TFA_LOOP, _dataset_train(agent, theirs), 1)
 
 
 def test_tf_agents_tfreplay_dataset(benchmark, tfa):
     agent, _, ours = tfa
-    _tfa_time(benchmark, "tfreplay: as_dataset(npc=3).prefetch(3) + agent.train", _dataset_train(agent, ours), 1)
+    case = "tfreplay: as_dataset(npc=3).prefetch(3) + agent.train"
+    _tfa_time(benchmark, case, _dataset_train(agent, ours), 1, versus=TFA_LOOP)
 
 
 @pytest.mark.parametrize("k", [1, 16, 64] if learners.ITEMS == 50_000 else [4])
 def test_tf_agents_tfreplay_train_loop(benchmark, tfa, k):
     agent, _, ours = tfa
     loop = TrainLoop(ours, lambda items, info: agent.train(items).loss, k, TFA_BATCH, num_steps=TFA_STEPS)
-    _tfa_time(benchmark, f"tfreplay: TrainLoop K={k} + agent.train", loop, k)
+    _tfa_time(benchmark, f"tfreplay: TrainLoop K={k} + agent.train", loop, k, versus=TFA_LOOP)

@@ -111,30 +111,43 @@ def cold_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return path, capacity
 
 
+@pytest.fixture(scope="module")
+def reopened() -> Any:
+    """The cold cases' open buffer (one at a time), closed when the file's cases are done."""
+    opened: list[Any] = []
+    yield opened
+    while opened:
+        opened.pop().close()
+
+
 @pytest.mark.parametrize("cache", ["cached", "dropped"])
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise (Linux)")
-def test_cold(benchmark, cold_dir, cache):
+def test_cold(benchmark, cold_dir, reopened, cache):
     path, capacity = cold_dir
     evict = _drop_cache if cache == "dropped" else _read_all
-    opened: list[Any] = []
 
     def prepare() -> None:
         # The buffer is closed first: the kernel keeps the pages a live mapping holds, whatever fadvise says.
-        while opened:
-            opened.pop().close()
+        while reopened:
+            reopened.pop().close()
         gc.collect()  # and unmapped: no reference left to its arrays
         evict(path)
-        opened.append(PyUniformReplayBuffer(SPEC, capacity, seed=1, storage_dir=path))
+        reopened.append(PyUniformReplayBuffer(SPEC, capacity, seed=1, storage_dir=path))
 
     def calls() -> None:
-        rb = opened[0]
+        rb = reopened[0]
         for _ in range(COLD_CALLS):
             rb.get_next(32)
 
-    benchmark.group = f"memmap cold get_next(32), {capacity * ROW_BYTES / 1e9:.1f} GB, first {COLD_CALLS} calls"
-    benchmark.extra_info.update(case=f"files {cache}", ops=COLD_CALLS, role="baseline" if cache == "cached" else None)
-    try:
-        benchmark.pedantic(calls, setup=prepare, rounds=size(5, 1))
-    finally:
-        while opened:
-            opened.pop().close()
+    group = f"memmap cold get_next(32), {capacity * ROW_BYTES / 1e9:.1f} GB, first {COLD_CALLS} calls"
+    role = "baseline" if cache == "cached" else None
+    measure(
+        benchmark,
+        calls,
+        group=group,
+        case=f"files {cache}",
+        ops=COLD_CALLS,
+        role=role,
+        setup=prepare,
+        rounds=size(5, 1),
+    )

@@ -13,7 +13,8 @@ where it applies, TensorFlow's floor for that kind of call:
 * as_dataset: `next()` on `as_dataset(B, num_steps=2).prefetch(AUTOTUNE)`
   at steady state (Reverb: `TrajectoryDataset(...).batch(B)`).
 
-A peer that does not import is skipped.
+A peer that does not import is skipped. tfreplay's cases are also set beside
+TF-Agents' (interleaved runs: `make bench-peers`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ def reverb(subjects) -> Reverb:
     return Reverb(subjects)
 
 
+def _versus(library: str, twin: str = "") -> str | None:
+    """tfreplay's case is set beside TF-Agents' (its twin of the same name in `as_dataset`)."""
+    return f"TF-Agents {twin}".strip() if library == "tfreplay" else None
+
+
 def _added(add: Callable[[Any], Any], items: Any) -> tf.Tensor:
     """Calls `add`; returns a scalar that depends on it (TF-Agents returns an op, tfreplay a tensor)."""
     with tf.control_dependencies(tf.nest.flatten(add(items))):
@@ -158,7 +164,7 @@ def test_add_batch_tf(benchmark, request, subjects, graph_loop, mode, library):
             fn = graph_loop(lambda: _added(add, s.tf_batch))
     role = "floor" if library == "floor" else None
     case = "floor: bare tf.function, same inputs" if library == "floor" else library
-    measure(benchmark, fn, group=group, case=case, role=role, items=s.workload.batch_size)
+    measure(benchmark, fn, group=group, case=case, role=role, items=s.workload.batch_size, versus=_versus(library))
 
 
 @pytest.mark.parametrize("mode, library", TF_CASES)
@@ -175,7 +181,8 @@ def test_get_next_tf(benchmark, request, subjects, graph_loop, mode, library):
         fn = {"eager": sample, "tf.function": tf.function(sample)}.get(mode) or graph_loop(lambda: sample()[0])
     role = "floor" if library == "floor" else None
     case = "floor: bare tf.function, same outputs" if library == "floor" else library
-    measure(benchmark, fn, group=group, case=case, role=role, items=s.workload.items_per_sample)
+    items, versus = s.workload.items_per_sample, _versus(library)
+    measure(benchmark, fn, group=group, case=case, role=role, items=items, versus=versus)
 
 
 @pytest.mark.parametrize("library", ["NumPy", "tfreplay", "TF-Agents", "cpprb", "reverb"])
@@ -193,7 +200,7 @@ def test_add_batch_py(benchmark, request, subjects, library):
         fn = lambda: rb.add(**s.batch)  # noqa: E731
     else:
         fn = request.getfixturevalue("reverb").add
-    measure(benchmark, fn, group=group, case=library, items=s.workload.batch_size)
+    measure(benchmark, fn, group=group, case=library, items=s.workload.batch_size, versus=_versus(library))
 
 
 @pytest.mark.parametrize("library", ["NumPy", "tfreplay", "TF-Agents", "cpprb (single items)"])
@@ -209,7 +216,7 @@ def test_get_next_py(benchmark, request, subjects, library):
     else:
         rb = request.getfixturevalue("cpprb")
         fn = lambda: rb.sample(w.items_per_sample)  # noqa: E731
-    measure(benchmark, fn, group=group, case=library, items=w.items_per_sample)
+    measure(benchmark, fn, group=group, case=library, items=w.items_per_sample, versus=_versus(library))
 
 
 @pytest.mark.parametrize(
@@ -236,4 +243,5 @@ def test_as_dataset(benchmark, request, subjects, library):
     role = "floor" if library == "floor" else None
     case = "floor: next() on a ready element" if library == "floor" else library
     fn = drained(iter(dataset.prefetch(tf.data.AUTOTUNE)))
-    measure(benchmark, fn, group=group, case=case, role=role, items=w.items_per_sample)
+    versus = _versus(library.split()[0], library.split()[-1])
+    measure(benchmark, fn, group=group, case=case, role=role, items=w.items_per_sample, versus=versus)

@@ -1,5 +1,6 @@
-"""The benchmarks run: their serialized graph loop, the report over pytest-benchmark's JSON, and, on tiny sizes
-in subprocesses, a few cases of each timed file and the GPU script's CPU-only mode."""
+"""The benchmarks run: their serialized graph loop, the interleaved rounds' order and statistics (on a fake clock),
+the report over both kinds of JSON, and, on tiny sizes in subprocesses, a few cases of each timed file, the same
+interleaved, and the GPU script's CPU-only mode."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks import common, gpu, report
+from benchmarks import common, gpu, interleave, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CALLS = 300
@@ -86,6 +87,142 @@ def test_report_gives_each_case_per_operation_against_its_groups_baseline():
     assert "| other | 3.00 | - | ±5% | 3.00x |" in text  # without a baseline: against the group's floor
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_interleaved_order_puts_every_case_in_every_place_and_each_pair_both_ways(count):
+    turns = [interleave.order(count, r) for r in range(2 * count)]
+    assert all(sorted(turn) == list(range(count)) for turn in turns)
+    for place in range(count):
+        assert sorted(turn[place] for turn in turns) == sorted(2 * list(range(count)))
+    before = [(a, b) for turn in turns for a, b in zip(turn, turn[1:])]
+    assert all(before.count((a, b)) == before.count((b, a)) for a, b in before)
+
+
+def test_interleaved_rounds_time_a_groups_cases_together_and_every_case_once():
+    groups = ["a", "b", "a", "c", "b", "a"]
+    for r in range(6):
+        turn = interleave.schedule(groups, r)
+        assert sorted(turn) == list(range(len(groups)))
+        runs = [g for i, g in enumerate(groups[j] for j in turn) if i == 0 or g != groups[turn[i - 1]]]
+        assert sorted(runs) == ["a", "b", "c"]  # each group one run of its cases
+    assert len({tuple(interleave.schedule(groups, r)) for r in range(6)}) == 6
+
+
+class FakeClock:
+    """Time that moves only when a case runs: a case costs its own seconds times the round's load."""
+
+    def __init__(self, loads):
+        self.now, self.loads, self.round = 0.0, loads, 0
+
+    def __call__(self):
+        return self.now
+
+    def case(self, seconds):
+        def fn():
+            self.now += seconds * self.loads[self.round]
+
+        return fn
+
+    def next_round(self, _message):
+        self.round += 1
+
+
+def test_interleaved_ratios_are_taken_within_each_round():
+    clock = FakeClock(loads=[1.0, 3.0, 2.0])  # the machine's load moves between rounds
+    cases = [
+        interleave.Case("g", "base", clock.case(1e-6), role="baseline", items=10, calls=4),
+        interleave.Case("g", "twice", clock.case(2e-6), calls=2),
+        interleave.Case("g", "loop", clock.case(5e-6), ops=10, calls=3),  # 0.5 µs per operation
+    ]
+    result = interleave.run(cases, rounds=3, clock=clock, progress=clock.next_round)
+    seconds = {c["case"]: c["seconds"] for c in result["cases"]}
+    assert seconds["base"] == pytest.approx([1e-6, 3e-6, 2e-6])
+    assert seconds["loop"] == pytest.approx([0.5e-6, 1.5e-6, 1e-6])
+    assert len(result["loads"]) == 4 and result["rounds"] == 3
+    # Each case spreads 3x over the rounds; its ratio to the baseline, taken per round, does not move.
+    twice = interleave.ratio(result["cases"][1], result["cases"][0])
+    assert (twice.median, twice.low, twice.high) == pytest.approx((2.0, 2.0, 2.0))
+    assert not twice.parity
+    text = interleave.table(result, "g")
+    assert "| base (baseline) | 2.00 (1.00-3.00) | 5.00M | 1.00x |" in text
+    assert "| twice | 4.00 (2.00-6.00) | - | 2.00x (2.00-2.00) |" in text
+    assert "| loop | 1.00 (0.50-1.50) | - | 0.50x (0.50-0.50) |" in text
+
+
+def test_a_ratio_whose_spread_holds_one_is_parity():
+    base = {"group": "g", "case": "base", "role": "baseline", "seconds": [1.0, 1.0, 1.0, 1.0, 1.0]}
+    near = {"group": "g", "case": "near", "seconds": [0.9, 1.02, 0.95, 1.1, 0.97]}
+    apart = {"group": "g", "case": "apart", "seconds": [1.05, 1.2, 1.1, 1.3, 1.15]}
+    assert interleave.ratio(near, base).parity and not interleave.ratio(apart, base).parity
+    text = interleave.table({"cases": [base, near, apart]}, "g")
+    assert "| near | " in text and "0.97x (0.90-1.10) parity |" in text
+    assert "1.15x (1.05-1.30) |" in text and "1.30) parity" not in text
+    with pytest.raises(ValueError, match="at least one round"):
+        interleave.Spread.of([])
+
+
+def test_interleaved_cases_set_beside_another_group_and_the_report_prints_them(tmp_path, capsys):
+    def case(group, name, seconds, **extra):
+        return {"group": group, "case": name, "ops": 1, "calls": 1, "seconds": seconds, **extra}
+
+    result = {
+        "rounds": 2,
+        "seconds": 0.25,
+        "loads": [1.25, 2.5, 1.75],
+        "about": "`test_x.py`, 2026-12-02",
+        "cases": [
+            case("u", "floor", [1.0, 2.0], role="floor"),
+            case("u", "K=16", [2.0, 4.0]),
+            case("p", "floor", [1.0, 2.0], role="floor"),
+            case("p", "K=16", [3.0, 4.0], versus=["u", "K=16"]),
+        ],
+    }
+    path = tmp_path / "interleaved.json"
+    path.write_text(json.dumps({"runs": [result]}))
+    report.main([str(path)])
+    text = capsys.readouterr().out
+    assert text.startswith("`test_x.py`, 2026-12-02; 2 interleaved rounds of about 0.25 s per case; ")
+    assert "1-minute load average 1.2 at the start, 2.5 at most" in text
+    assert "| case | µs/op | items/s | x base | x u |" in text
+    assert "| K=16 | 3,500,000 (3,000,000-4,000,000) | - | 2.50x (2.00-3.00) | 1.25x (1.00-1.50) parity |" in text
+
+
+def test_interleaved_run_refuses_no_rounds_and_two_cases_of_one_name():
+    case = interleave.Case("g", "c", lambda: None, calls=1)
+    with pytest.raises(ValueError, match=r"run: rounds \(0\) must be at least 1"):
+        interleave.run([case], rounds=0)
+    with pytest.raises(ValueError, match=r"unique by \(group, name\); repeated: \[\('g', 'c'\)\]"):
+        interleave.run([case, interleave.Case("g", "c", lambda: None, calls=1)], rounds=1)
+
+
+class FakeBenchmark:
+    """pytest-benchmark's fixture as `measure` sees it under --interleaved (turned off, a collector beside it)."""
+
+    disabled = True
+
+    def __init__(self):
+        self.interleaved, self.cases, self.group, self.extra_info = self, [], None, {}
+        self.called = 0
+
+    def add(self, case):
+        self.cases.append(case)
+
+    def __call__(self, fn):
+        self.called += 1
+
+
+def test_measure_hands_its_case_to_the_interleaved_rounds_warmed_up():
+    calls, bench = [], FakeBenchmark()
+    loop = common.GraphLoop(lambda: tf.constant(1), calls=3)
+    common.measure(bench, lambda: calls.append(1), group="g", case="c", items=5, role="baseline")
+    common.measure(bench, loop, group="g", case="loop", versus="c")
+    common.measure(bench, lambda: None, group="h", case="cold", ops=7, setup=lambda: None)
+    assert len(calls) == 2 and bench.called == 3  # warmed up twice; the fixture counts as used, nothing timed
+    first, second, cold = bench.cases
+    assert (first.group, first.name, first.items, first.role, first.calls) == ("g", "c", 5, "baseline", 0)
+    assert (second.ops, second.versus) == (3, ("g", "c"))
+    assert (cold.ops, cold.calls, cold.setup is not None) == (7, 1, True)  # one call a round, after its setup
+
+
 def _start(args, cwd):
     # Not an xdist worker's variables: pytest-benchmark turns itself off in a session that looks like one.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
@@ -133,6 +270,28 @@ def test_the_benchmark_files_run_on_tiny_sizes_and_the_report_reads_their_json(t
     assert all(b["group"] and b["extra_info"]["case"] for b in benchmarks)
     text = report.render(json.loads(out.read_text()))
     assert "**cartpole get_next**" in text and "**learner dqn**" in text
+
+
+@pytest.mark.slow  # about 40 s: a subprocess importing TensorFlow, building two learners and the memmap buffers
+def test_the_benchmark_files_run_interleaved_and_the_report_reads_their_json(tmp_path):
+    pytest.importorskip("pytest_benchmark")
+    out = tmp_path / "interleaved.json"
+    done = _run(
+        [
+            *("-m", "pytest", "-c", str(ROOT / "benchmarks/pytest.ini"), "--rootdir", str(ROOT / "benchmarks")),
+            *("-q", "-k", "(test_memmap and hot and 32) or (test_learner and dqn and (floor or K4) and not xla)"),
+            *("--interleaved=2", "--interleaved-seconds=0", f"--interleaved-json={out}"),
+            *(str(ROOT / "benchmarks/test_learner.py"), str(ROOT / "benchmarks/test_memmap.py")),
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["about"].split(",")[0] for r in runs] == ["`test_learner.py`", "`test_memmap.py`"]
+    assert all(len(case["seconds"]) == 2 for r in runs for case in r["cases"])
+    text = "\n\n".join(interleave.render(r) for r in runs)
+    assert "| case | µs/op | items/s | x base | x learner dqn |" in text
+    assert "**memmap hot prioritized get_next(32)**" in text and "| memmap | " in text
 
 
 @pytest.mark.slow
