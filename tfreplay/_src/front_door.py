@@ -65,7 +65,7 @@ class FrontDoor:
             history_len=parts.storage.history_len,
             lockstep=bool(twin.lockstep),
             episode_rule=parts.rule,
-            device=getattr(twin, "device", None),
+            device=twin.device if twin.is_tf else None,
         )
 
     @property
