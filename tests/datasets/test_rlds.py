@@ -148,6 +148,24 @@ def test_segments_receive_whole_episodes(tmp_path):
     np.testing.assert_array_equal(actions[1], [100, 101, 102, 103, 104, 400, 401, 402])
 
 
+@pytest.mark.parametrize("kind", ["PyFrameReplayBuffer", "PyPrioritizedFrameReplayBuffer"])
+def test_numpy_frame_buffers_with_segments_leave_nothing_out(tmp_path, kind):
+    lengths = [3, 5, 2]  # rows 4 and 3 to segment 0, 6 to segment 1: lockstep adds would leave one out
+    episodes = [episode_steps(i, 100 * i, n, convention="envlogger", terminal=True) for i, n in enumerate(lengths)]
+    directory = write_with_tfds(str(tmp_path / "e"), episodes)
+    spec = dict(tfreplay.frame_data_spec((2,)), frame=OBS)
+    spec["action"] = tf.TensorSpec([], tf.int32)
+    rb = getattr(tfreplay, kind)(spec, batch_size=2, max_length=20, history_len=1, seed=0)
+    info = datasets.load_rlds(directory, rb)
+    # Each episode goes whole to one segment, as it comes: its first frame, then a row per step.
+    assert info == datasets.LoadInfo(3, sum(lengths) + len(lengths), 0, "envlogger")
+    assert int(rb.num_transitions()) == sum(lengths)
+    np.testing.assert_array_equal(
+        np.sort(rb.gather_all()["action"]),
+        np.sort(np.concatenate([100 * i + np.arange(n) for i, n in enumerate(lengths)])),
+    )
+
+
 def test_frame_buffer_gets_frame_rows(envlogger_dir):
     spec = dict(tfreplay.frame_data_spec((2,)), frame=OBS)
     spec["action"] = tf.TensorSpec([], tf.int32)

@@ -190,3 +190,110 @@ def test_import_tfreplay_alone_loads_no_tensorflow_until_a_name_is_used():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     assert json.loads(run.stdout.splitlines()[-1]) == [False, True, ["NStepReturns"]]
+
+
+# The front door: code outside the buffer's path (`tfreplay/_src/`) uses a buffer through its documented
+# interface and `buffer.front_door`, never its private members.
+def private_buffer_members() -> tuple[set[str], set[str]]:
+    """`(every private member of a buffer, the ones Buffer adds to ReplayBuffer)`, read off built buffers: the
+    state its constructor and backend set on it, and the methods of tfreplay's classes in its MRO."""
+    import tensorflow as tf
+
+    import tfreplay
+    from tfreplay._src.api import ReplayBuffer
+    from tfreplay._src.buffer import Buffer
+
+    def private(names) -> set[str]:
+        return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+    spec = {"x": tf.TensorSpec([], tf.int64), "first": tf.TensorSpec([], tf.bool)}
+    built = [
+        tfreplay.TFUniformReplayBuffer(spec, batch_size=1, max_length=4),
+        tfreplay.PyPrioritizedReplayBuffer(spec, capacity=4),
+        tfreplay.PyFrameReplayBuffer(tfreplay.frame_data_spec((2,)), capacity=8, history_len=2),
+    ]
+    hooks = {name: lambda *args: None for name in ReplayBuffer.__abstractmethods__}
+    bare = type("Bare", (ReplayBuffer,), hooks)(spec, 4)
+    module_state = private(vars(tf.Module()))
+
+    def methods(cls: type) -> set[str]:
+        return {n for owner in cls.__mro__ if owner.__module__.startswith("tfreplay.") for n in private(vars(owner))}
+
+    every = set().union(*(private(vars(b)) for b in built)) - module_state | methods(Buffer)
+    return every, every - (private(vars(bare)) | methods(ReplayBuffer))
+
+
+def private_reaches(tree: ast.AST, names: set[str], on_self: bool) -> list[str]:
+    """Attribute reads of `names`: on any object but `self`, `cls` and `super()`, or (`on_self`) on those only."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or node.attr not in names:
+            continue
+        owner = node.value
+        own = (isinstance(owner, ast.Name) and owner.id in ("self", "cls")) or (
+            isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super"
+        )
+        if own == on_self:
+            found.append((node.lineno, ast.unparse(node)))
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def test_the_private_member_check_sees_a_reach():
+    every, added = private_buffer_members()
+    assert {"_parts", "_twin", "_gate", "_data_spec", "_sample_request"} <= every
+    assert {"_parts", "_twin", "_append_sequence"} <= added and "_data_spec" not in added
+    code = ast.parse("rule = buffer._parts.rule\nself._twin.exclusive(f)\nself._data_spec\nsuper()._parts")
+    assert private_reaches(code, every, on_self=False) == ["1: buffer._parts"]
+    assert private_reaches(code, added, on_self=True) == ["2: self._twin", "4: super()._parts"]
+
+
+# Objects that are no buffer but share a private name with one: the Reverb shim's columns have their own `_clear`.
+NOT_BUFFERS = {("tfreplay/compat/reverb/trajectory_writer.py", "column._clear")}
+
+
+def test_no_module_outside_the_buffers_path_touches_a_private_buffer_member():
+    every, _ = private_buffer_members()
+    package = ROOT / "tfreplay"
+    outside = sorted(p for p in package.rglob("*.py") if (package / "_src") not in p.parents)
+    assert package / "datasets" / "_fill.py" in outside and package / "compat" / "tf_agents" / "migrate.py" in outside
+    offenders = {}
+    for path in outside:
+        name = str(path.relative_to(ROOT))
+        found = private_reaches(ast.parse(path.read_text(), name), every, on_self=False)
+        found = [reach for reach in found if (name, reach.split(": ", 1)[1]) not in NOT_BUFFERS]
+        if found:
+            offenders[name] = found
+    assert offenders == {}, "use buffer.front_door (tfreplay/_src/front_door.py), not a buffer's private members"
+
+
+def test_no_buffer_subclass_outside_the_buffers_path_reaches_into_buffer():
+    # A subclass may override ReplayBuffer's hooks; what Buffer keeps (its parts, backend, gate) it reads through
+    # the front door.
+    import importlib
+    import inspect
+    import textwrap
+
+    from tfreplay._src.buffer import Buffer
+
+    _, added = private_buffer_members()
+    names = [
+        "tfreplay.buffers",
+        "tfreplay.compose",
+        "tfreplay.compat.tf_agents.replay_buffers",
+        "tfreplay.compat.tensorpack",
+    ]
+    modules = [importlib.import_module(name) for name in names]
+    classes = {
+        cls
+        for module in modules
+        for cls in vars(module).values()
+        if inspect.isclass(cls) and issubclass(cls, Buffer) and not cls.__module__.startswith("tfreplay._src")
+    }
+    classes |= {sub for cls in list(classes) for sub in cls.__subclasses__() if sub.__module__.startswith("tfreplay.")}
+    assert {c.__name__ for c in classes} >= {"PyFrameReplayBuffer", "TFUniformReplayBuffer", "PyUniformReplayBuffer"}
+    offenders = {
+        f"{cls.__module__}.{cls.__qualname__}": found
+        for cls in classes
+        if (found := private_reaches(ast.parse(textwrap.dedent(inspect.getsource(cls))), added, on_self=True))
+    }
+    assert offenders == {}, "use self.front_door, not the private members Buffer keeps"

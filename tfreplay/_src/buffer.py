@@ -26,6 +26,7 @@ from tfreplay._src import storage as storages
 from tfreplay._src.api import BufferInfo, ReplayBuffer, counter_dataset
 from tfreplay._src.checkpoint import layout as checkpoints
 from tfreplay._src.episodes import EpisodeRule
+from tfreplay._src.front_door import FrontDoor
 from tfreplay._src.gate import Gate
 from tfreplay._src.parts import Parts, Request, index_state
 from tfreplay._src.rate_limiter import EmptyBufferError
@@ -176,9 +177,12 @@ class Buffer(ReplayBuffer):
         """Why `where` found nothing to draw, and what to do."""
         return sample.empty_message(self._parts, where, self._sample_request(where, None, num_steps, True, transform))
 
-    def frame_stacks(self, frames: Any, rows: Any, history_len: int, num_steps: int | None) -> Any:
-        """Observation and next-observation stacks of frame rows, as the twin builds them."""
-        return self._parts.ops.frame_stacks(frames, rows, history_len, num_steps)
+    @property
+    def front_door(self) -> FrontDoor:
+        """What tfreplay's own modules (`TrainLoop`, `tfreplay.datasets`, the TF-Agents compat) use of this
+        buffer: its capabilities, checked requests, what is stored (see `front_door.py`). Not for users: its
+        members may change in any release."""
+        return FrontDoor(self)
 
     # Checkpoints: the layout record first, and a foreign checkpoint refused (see `checkpoint/layout.py`).
     def _trackable_children(self, save_type: Any = "checkpoint", **kwargs: Any) -> dict:

@@ -36,6 +36,7 @@ from tfreplay import native
 from tfreplay._src import specs
 from tfreplay._src.api import BufferInfo
 from tfreplay._src.buffer import Buffer
+from tfreplay._src.front_door import FrontDoor
 from tfreplay._src.rate_limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
 from tfreplay._src.twin_tf import FlatCall
@@ -121,7 +122,7 @@ class TrainLoop:
         metrics: str = "last",
         jit_compile: bool = False,
     ):
-        _check_buffer(buffer)
+        door = _front_door(buffer)
         if not callable(step):
             raise TypeError(f"{_WHERE}: step ({step!r}) must be callable as step(items, info).")
         specs.check_positive_int(_WHERE, "steps_per_call", steps_per_call)
@@ -129,14 +130,13 @@ class TrainLoop:
             raise ValueError(f"{_WHERE}: metrics ({metrics!r}) must be 'last', 'mean' or 'stack'.")
         if not isinstance(jit_compile, bool):
             raise TypeError(f"{_WHERE}: jit_compile ({jit_compile!r}) must be a bool.")
-        self._request = buffer._sample_request(_WHERE, sample_batch_size, num_steps, time_stacked, transform)
-        self._buffer, self._step, self._steps = buffer, step, int(steps_per_call)
+        self._request = door.request(_WHERE, sample_batch_size, num_steps, time_stacked, transform)
+        self._buffer, self._door, self._step, self._steps = buffer, door, step, int(steps_per_call)
         self._metrics, self._jit = metrics, jit_compile
-        self._prioritized = hasattr(buffer, "update_priorities")
+        self._prioritized = door.capabilities.prioritized
         self._samples = self._steps * self._request.size  # what a call asks the rate limiter for
-        limiter = buffer._gate.limiter
-        if limiter is not None:  # refused now rather than at the first call
-            limiter._check_room(f"{_WHERE} (steps_per_call * sample_batch_size per call)", "sample", self._samples)
+        # Refused now rather than at the first call.
+        door.check_room(f"{_WHERE} (steps_per_call * sample_batch_size per call)", self._samples)
         if jit_compile and self._prioritized and self._request.window is None and native.sum_tree_ops() is not None:
             _log.warning(
                 "TrainLoop: jit_compile=True with %s: XLA cannot run the compiled sum-tree op, so each draw and "
@@ -145,7 +145,7 @@ class TrainLoop:
                 type(buffer).__name__,
             )
         self._loop: Any = None  # traced at the first call
-        with tf.init_scope(), tf.device(buffer._twin.device):  # iterations finished by the last call
+        with tf.init_scope(), tf.device(door.capabilities.device):  # iterations finished by the last call
             self._finished = tf.Variable(0, dtype=tf.int64, trainable=False, name="TrainLoop_finished")
 
     @property
@@ -175,23 +175,16 @@ class TrainLoop:
             # function, and every TrainLoop's `_run` is one (a concrete function's calls are not counted).
             traced = tf.function(self._run, autograph=False, jit_compile=self._jit)
             if self._jit:
-                traced = _locked(self._buffer, traced.get_concrete_function())
+                traced = _locked(self._door, traced.get_concrete_function())
             self._loop = FlatCall(traced.get_concrete_function())
-        gate = self._buffer._gate
-        if tf.executing_eagerly():
-            if gate.idle:
-                out = self._loop()
-            else:
-                out = gate.call(_WHERE, "sample", self._samples, self._loop, used=self._used)
-            metrics, drawn = out
-            if self._jit and not bool(drawn):
-                raise EmptyBufferError(_EMPTY)
-            return metrics
-        with tf.control_dependencies(gate.admit_op(_WHERE, "sample", self._samples)):
-            metrics, drawn = self._loop()
+        metrics, drawn = self._door.under_gate(_WHERE, self._samples, self._loop, self._used)
         if not self._jit:
             return metrics
-        return self._buffer._twin.check(drawn, metrics, _EMPTY)
+        if tf.executing_eagerly():
+            if not bool(drawn):
+                raise EmptyBufferError(_EMPTY)
+            return metrics
+        return self._door.check(drawn, metrics, _EMPTY)
 
     def _used(self) -> int:
         """The samples a failed call drew: those of its finished iterations."""
@@ -201,7 +194,7 @@ class TrainLoop:
     def _iteration(self) -> tuple[Nest, tf.Tensor]:
         """One sample, step and priority update: `(metrics, whether the sample drew anything)`. AutoGraph
         converts it for the step's sake; the library's own parts are marked not to be converted."""
-        items, info = _sample(self._buffer, self._request)
+        items, info = _sample(self._door, self._request)
         return _after_step(self._buffer, self._prioritized, self._jit, info, self._step(items, info))
 
     def _run(self) -> tuple[Nest, tf.Tensor]:
@@ -232,15 +225,15 @@ class TrainLoop:
         return tf.nest.map_structure(lambda a: _finish(self._metrics, a, self._steps), acc), drawn
 
 
-def _locked(buffer: Any, compiled: Any) -> Any:
+def _locked(door: Any, compiled: Any) -> Any:
     """A function that calls the compiled loop holding the buffer's lock: XLA has no mutex op, so the lock is
     taken by the (uncompiled) graph around the call, and writers on other threads wait for it to end."""
-    return tf.function(lambda: buffer._twin.locked_call(compiled), autograph=False)
+    return tf.function(lambda: door.locked_call(compiled), autograph=False)
 
 
 @tf.autograph.experimental.do_not_convert
-def _sample(buffer: Any, request: Any) -> tuple[Nest, BufferInfo]:
-    return buffer._sample_admitted(request)
+def _sample(door: Any, request: Any) -> tuple[Nest, BufferInfo]:
+    return door.sample_admitted(request)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -257,9 +250,11 @@ def _after_step(buffer: Any, prioritized: bool, jit: bool, info: BufferInfo, out
         return tf.nest.map_structure(tf.identity, metrics), tf.identity(drawn)
 
 
-def _check_buffer(buffer: Any) -> None:
-    if isinstance(buffer, Buffer) and buffer._twin.is_tf:
-        return
+def _front_door(buffer: Any) -> FrontDoor:
+    """The front door of a TF buffer; any other buffer is refused."""
+    door = buffer.front_door if isinstance(buffer, Buffer) else None
+    if door is not None and door.capabilities.backend == "tf":
+        return door
     name = type(buffer).__name__
     if isinstance(buffer, Buffer) and name.startswith("Py"):
         raise TypeError(

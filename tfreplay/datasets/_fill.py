@@ -9,10 +9,10 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src.twin_tf import TFTwin
 from tfreplay.datasets import _steps
 
 Nest = Any
+_CAST = "; cast it in to_items="
 ToItems = Callable[[dict, Any], Nest]
 
 
@@ -36,7 +36,8 @@ class LoadInfo(NamedTuple):
 
 def needs_next(buffer: Any, where: str) -> bool:
     """Whether the buffer stores the observation after each step (`next_observation`, or a frame buffer's frames)."""
-    return hasattr(buffer, "history_len") or "next_observation" in top_fields(buffer.data_spec, where)
+    frames = buffer.front_door.capabilities.history_len is not None
+    return frames or "next_observation" in top_fields(buffer.data_spec, where)
 
 
 def episode_fields(transitions: dict, metadata: dict, frames: bool) -> dict:
@@ -49,15 +50,22 @@ def episode_fields(transitions: dict, metadata: dict, frames: bool) -> dict:
 
 
 def add_episodes(
-    where: str, buffer: Any, read: Callable[[], Iterable[tuple[dict, Any]]], to_items: ToItems | None, origin: str
+    where: str,
+    buffer: Any,
+    read: Callable[[], Iterable[tuple[dict, Any]]],
+    to_items: ToItems | None,
+    origin: str,
+    spec_checked: bool = False,
 ) -> tuple[int, int, int]:
     """Checks every `(fields, context)` episode that `read()` gives, then reads them again and adds them.
 
     Each episode's items (its default fields, `episode_fields`, or what `to_items` makes of them and the
-    context) are checked against the buffer's spec, so a source that any episode of fails is refused before
-    anything is added: the buffer is unchanged. Checking first costs a second read of the source, not memory:
-    each read holds one episode at a time. `to_items` runs on both reads. `origin` names the source in the
-    messages, e.g. `"RLDS dataset ('/data/x')"`.
+    context) are checked against the buffer's spec on the first read, so a source that any episode of fails
+    is refused before anything is added: the buffer is unchanged. `spec_checked`: the default fields were
+    checked already against the source's own spec, whose shapes are all known (then only each episode's
+    rows are). The second read is not checked again: it must give the episodes the first gave. Checking
+    first costs a second read of the source, not memory: each read holds one episode at a time. `to_items`
+    runs on both reads. `origin` names the source in the messages, e.g. `"RLDS dataset ('/data/x')"`.
 
     Returns:
       `(num_episodes, num_items, num_items_left_out)`.
@@ -66,16 +74,17 @@ def add_episodes(
       ValueError: the second read gives an episode the first did not (a source that changes between reads);
         the buffer then holds the episodes added before it, as the message says.
     """
-    checked = collections.Counter(length for length, _ in _checked(where, buffer, read(), to_items, origin))
+    first = _episode_items(where, buffer.data_spec, read(), to_items, origin, check=not spec_checked)
+    checked = collections.Counter(length for length, _ in first)
     spreader = _Spreader(buffer)
     num_episodes = 0
-    second = _checked(where, buffer, read(), to_items, origin)
+    second = _episode_items(where, buffer.data_spec, read(), to_items, origin, check=False)
     while True:
         try:
             length, items = next(second)
         except StopIteration:
             break
-        except (TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError) as err:
             raise _changed(where, origin, spreader, f"refused an episode: {err}") from err
         num_episodes += 1
         if not checked[length]:
@@ -99,10 +108,11 @@ def _changed(where: str, origin: str, spreader: _Spreader, what: str) -> ValueEr
     )
 
 
-def _checked(
-    where: str, buffer: Any, episodes: Iterable[tuple[dict, Any]], to_items: ToItems | None, origin: str
+def _episode_items(
+    where: str, spec: Nest, episodes: Iterable[tuple[dict, Any]], to_items: ToItems | None, origin: str, check: bool
 ) -> Iterator[tuple[int, Nest]]:
-    """Each episode's `(number of items, items)`, checked against the buffer's spec (`(0, None)` when empty)."""
+    """Each episode's `(number of items, items)` (`(0, None)` when empty), with `check` checked against the
+    buffer's spec."""
     for index, (fields, context) in enumerate(episodes):
         if not len(fields.get("first", ())):
             yield 0, None
@@ -110,16 +120,18 @@ def _checked(
         label = f"episode {index} of the {origin}"
         if to_items is not None:
             items = to_items(fields, context)
-            check_items(where, buffer.data_spec, items, f"to_items, for {label}, gives")
+            if check:
+                check_items(where, spec, items, f"to_items, for {label}, gives")
         else:
-            check_sources(where, buffer.data_spec, available_specs(fields), f"{label} gives")
-            items = select(where, buffer.data_spec, fields)
+            if check:
+                check_sources(where, spec, available_specs(fields), f"{label} gives")
+            items = select(where, spec, fields)
         yield _num_rows(where, items, label), items
 
 
 def _num_rows(where: str, items: Nest, label: str) -> int:
     """The number of items in `[T, ...]` leaves, which must agree."""
-    rows = {path: int(np.shape(leaf)[0]) if np.ndim(leaf) else -1 for path, leaf in _steps.leaf_paths(items)}
+    rows = {path: int(np.shape(leaf)[0]) if np.ndim(leaf) else -1 for path, leaf in _steps.named_leaves(items)}
     counts = set(rows.values())
     if len(counts) != 1 or -1 in counts:
         found = ", ".join(f"{path}: {n if n >= 0 else 'no'} rows" for path, n in rows.items())
@@ -149,7 +161,7 @@ def check_sources(where: str, spec: Nest, available: dict, whence: str) -> None:
                 f"{where}: the buffer's field {name!r} has no source: {whence} {sorted(available)} "
                 "(pass to_items= to build it)."
             )
-        _check_leaves(where, name, field(spec, name), available[name], whence)
+        compare_specs(where, name, field(spec, name), available[name], f"where {whence} it", "the spec expects", _CAST)
 
 
 def check_items(where: str, spec: Nest, items: Nest, whence: str) -> None:
@@ -160,7 +172,9 @@ def check_items(where: str, spec: Nest, items: Nest, whence: str) -> None:
         raise TypeError(f"{where}: the items {whence} must have the buffer's spec structure: {err}") from err
     given = tf.nest.map_structure(lambda s, x: _spec_of(x), spec, items)
     for name in top_fields(spec, where):
-        _check_leaves(where, name, field(spec, name), field(given, name), whence)
+        compare_specs(
+            where, name, field(spec, name), field(given, name), f"where {whence} it", "the spec expects", _CAST
+        )
 
 
 def specs_of(arrays: Nest) -> Nest:
@@ -183,24 +197,31 @@ def available_specs(fields: dict) -> dict:
     return out
 
 
-def _check_leaves(where: str, name: str, spec: Nest, source: Nest, whence: str) -> None:
-    want = dict(_steps.leaf_paths(spec))
-    have = dict(_steps.leaf_paths(source))
-    if set(want) != set(have):
-        raise TypeError(
-            f"{where}: {name} has leaves {sorted(have)} where {whence} it; the spec expects {sorted(want)}."
-        )
-    for path, leaf in want.items():
-        label = f"{name}/{path}" if path else name
-        if have[path].dtype != leaf.dtype:
+def compare_specs(where: str, name: str, want: Nest, have: Nest, found: str, expected: str, cast: str = "") -> None:
+    """The one spec comparison of the loaders and savers: `have` (a nest of `tf.TensorSpec`) has the leaves of
+    `want`, each of its dtype and of a shape compatible with its own.
+
+    A refusal reads `<where>: <name>/<leaf> has <what> <value> <found>; <expected> <value>`, e.g. `load_rlds:
+    reward has dtype float32 where the RLDS steps give it; the spec expects float64`; `cast` follows a dtype's
+    (where to cast).
+
+    Raises:
+      TypeError: other leaves, or another dtype (tfreplay never casts silently).
+      ValueError: another shape.
+    """
+    wanted, given = dict(_steps.named_leaves(want)), dict(_steps.named_leaves(have))
+    if set(wanted) != set(given):
+        raise TypeError(f"{where}: {name} has leaves {sorted(given)} {found}; {expected} {sorted(wanted)}.")
+    for path, leaf in wanted.items():
+        label, other = f"{name}/{path}" if path else name, given[path]
+        if other.dtype != leaf.dtype:
             raise TypeError(
-                f"{where}: {label} has dtype {have[path].dtype.name} where {whence} it; the spec expects "
-                f"{leaf.dtype.name} (tfreplay never casts silently; cast it in to_items=)."
+                f"{where}: {label} has dtype {other.dtype.name} {found}; {expected} {leaf.dtype.name} (tfreplay never "
+                f"casts silently{cast})."
             )
-        if not leaf.shape.is_compatible_with(have[path].shape):
+        if not leaf.shape.is_compatible_with(other.shape):
             raise ValueError(
-                f"{where}: {label} has shape {tuple(have[path].shape)} where {whence} it; the spec expects "
-                f"{tuple(leaf.shape)}."
+                f"{where}: {label} has shape {tuple(other.shape)} {found}; {expected} {tuple(leaf.shape)}."
             )
 
 
@@ -212,9 +233,9 @@ def select(where: str, spec: Nest, values: dict) -> Nest:
     """The buffer's items from the default fields, each field packed as its spec is."""
 
     def pack(name: str) -> Nest:
-        by_path = dict(_steps.leaf_paths(values[name]))
+        by_path = dict(_steps.named_leaves(values[name]))
         spec_field = field(spec, name)
-        return tf.nest.pack_sequence_as(spec_field, [by_path[p] for p, _ in _steps.leaf_paths(spec_field)])
+        return tf.nest.pack_sequence_as(spec_field, [by_path[p] for p, _ in _steps.named_leaves(spec_field)])
 
     packed = {name: pack(name) for name in top_fields(spec, where)}
     return (
@@ -226,13 +247,14 @@ class _Spreader:
     """Writes whole episodes to the segment that has received the fewest items."""
 
     def __init__(self, buffer: Any):
-        self.buffer = buffer
-        self.ring = not buffer._twin.lockstep  # a NumPy one-ring buffer: add_batch takes any number of rows
-        self.by_segment = hasattr(buffer, "add_sequence")
+        door = buffer.front_door
+        self.buffer, self.door = buffer, door
+        self.ring = not door.capabilities.lockstep  # a NumPy one-ring buffer: add_batch takes any number of rows
+        self.by_segment = door.capabilities.appends_per_segment
         self.pending: list[list] = [[] for _ in range(buffer.batch_size)]
         self.received = [0] * buffer.batch_size
         self.num_written = 0
-        self.add_rows = _graph_rows_adder(buffer) if isinstance(buffer._twin, TFTwin) else None
+        self.add_rows = _graph_rows_adder(buffer) if door.capabilities.backend == "tf" else None
 
     def add(self, items: Nest, length: int) -> None:
         if self.ring:
@@ -242,7 +264,7 @@ class _Spreader:
         segment = int(np.argmin(self.received))
         self.received[segment] += length
         if self.by_segment:
-            self.buffer.add_sequence(items, segment)
+            self.door.add_sequence("add_sequence", items, segment)
             self.num_written += length
             return
         self.pending[segment].append(items)

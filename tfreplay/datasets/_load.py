@@ -91,11 +91,13 @@ def load_rlds(
     dataset, recorded = _open(source, split)
     origin = f"RLDS dataset ({os.fspath(source)!r})" if not isinstance(source, tf.data.Dataset) else _DATASET
     step_spec, meta_spec = _rlds_specs(dataset.element_spec, source)
-    frames = hasattr(buffer, "history_len")
+    frames = buffer.front_door.capabilities.history_len is not None
     needs_next = _fill.needs_next(buffer, WHERE)
+    spec_checked = False  # the default fields checked once against the dataset's spec, when it knows every shape
     if to_items is None:
         available = _default_specs(step_spec, meta_spec, needs_next, frames)
         _fill.check_sources(WHERE, buffer.data_spec, available, "the RLDS steps give")
+        spec_checked = all(s.shape.is_fully_defined() for s in tf.nest.flatten(available))
     if convention == "auto":
         convention = recorded if recorded in _steps.CONVENTIONS else _detect(dataset, meta_spec, chunk_size, origin)
 
@@ -105,7 +107,7 @@ def load_rlds(
             transitions = _steps.to_transitions(steps, convention, needs_next)
             yield _fill.episode_fields(transitions, metadata, frames), metadata
 
-    counts = _fill.add_episodes(WHERE, buffer, read, to_items, origin)
+    counts = _fill.add_episodes(WHERE, buffer, read, to_items, origin, spec_checked)
     return LoadInfo(*counts, convention)
 
 

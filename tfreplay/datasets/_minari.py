@@ -14,6 +14,7 @@ import os
 from typing import Any, Iterator
 
 import numpy as np
+import tensorflow as tf
 
 from tfreplay.datasets import _fill, _steps
 from tfreplay.datasets._fill import LoadInfo, ToItems
@@ -75,7 +76,7 @@ def load_minari(source: Any, buffer: Any, *, to_items: ToItems | None = None) ->
     minari = import_minari(where)
     dataset = _open(minari, source, where)
     origin = f"Minari dataset ({dataset.spec.dataset_id!r})"
-    frames = hasattr(buffer, "history_len")
+    frames = buffer.front_door.capabilities.history_len is not None
     needs_next = _fill.needs_next(buffer, where)
 
     def read() -> Iterator[tuple[dict, Any]]:
@@ -116,7 +117,7 @@ def _check_episode(where: str, label: str, episode: Any) -> None:
     counts = {"rewards": np.size(episode.rewards)}
     counts.update({name: np.size(getattr(episode, name)) for name in ("terminations", "truncations")})
     for name, value in (("actions", episode.actions), ("observations", episode.observations)):
-        counts.update({_joined(name, path): _rows(leaf) for path, leaf in _steps.leaf_paths(_arrays(value))})
+        counts.update({_joined(name, path): _rows(leaf) for path, leaf in _steps.named_leaves(_arrays(value))})
     for name, count in counts.items():
         want = num + 1 if name.startswith("observations") else num
         if count != want:
@@ -178,7 +179,7 @@ def _as_steps(episode: Any) -> dict:
     steps = {
         name: value
         for name, value in _arrays(episode.infos or {}).items()
-        if name not in TAKEN and all(np.shape(leaf)[:1] == (num + 1,) for leaf in _steps.tree_leaves(value))
+        if name not in TAKEN and all(np.shape(leaf)[:1] == (num + 1,) for leaf in tf.nest.flatten(value))
     }
     steps["observation"] = _arrays(episode.observations)
     steps["action"] = _steps.pad_step(_arrays(episode.actions))

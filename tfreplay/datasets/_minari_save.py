@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay.datasets import _steps, _stored
+from tfreplay.datasets._fill import compare_specs
 from tfreplay.datasets._minari import TAKEN, import_minari
 
 Nest = Any
@@ -236,24 +237,8 @@ def _checked_space(where: str, gym: Any, name: str, space: Any, env: Any, spec: 
     shapes (Minari's arrow storage casts to the space's dtype)."""
     if space is None:
         space = getattr(env, f"{name}_space") if env is not None else _space(gym, spec)
-    want = dict(_steps.leaf_paths(spec))
-    have = dict(_steps.leaf_paths(_space_spec(gym, space, f"the {name}_space")))
-    if set(want) != set(have):
-        raise TypeError(
-            f"{where}: the {name}_space ({space!r}) has leaves {sorted(have)}; the spec's {name} has {sorted(want)}."
-        )
-    for path, leaf in want.items():
-        label = f"{name}/{path}" if path else name
-        if have[path].dtype != leaf.dtype:
-            raise TypeError(
-                f"{where}: {label} has dtype {leaf.dtype.name} in the buffer's spec; the {name}_space ({space!r}) "
-                f"holds {have[path].dtype.name} (tfreplay never casts silently)."
-            )
-        if have[path].shape != leaf.shape:
-            raise ValueError(
-                f"{where}: {label} has shape {tuple(leaf.shape)} in the buffer's spec; the {name}_space "
-                f"({space!r}) holds {tuple(have[path].shape)}."
-            )
+    held = _space_spec(gym, space, f"the {name}_space")
+    compare_specs(where, name, held, spec, "in the buffer's spec", f"the {name}_space ({space!r}) holds")
     return space
 
 

@@ -194,7 +194,7 @@ class _Directory:
         self._split = split
 
     def write(self, transitions: dict, terminal: bool) -> None:
-        example = {k: _steps.map_nest(lambda x: x[0], transitions[k]) for k in self.episode_fields}
+        example = {k: tf.nest.map_structure(lambda x: x[0], transitions[k]) for k in self.episode_fields}
         kept = {k: v for k, v in transitions.items() if k not in self.episode_fields}
         example["steps"] = _steps.to_steps(kept, self.convention, terminal)
         self._writer.add_examples({self._split: [example]})

@@ -18,6 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
+
+from tfreplay._src import specs
 
 CONVENTIONS = ("envlogger", "d4rl")
 MARKS = ("is_first", "is_last", "is_terminal")
@@ -36,7 +39,7 @@ def detect(steps: dict) -> str | None:
     if not len(steps["is_last"]) or not steps["is_last"][-1]:
         return None
     tail = [np.asarray(steps[name][-1]) for name in ("action", "reward", "discount") if name in steps]
-    return "envlogger" if all(not np.any(value) for value in tree_leaves(tail)) else "d4rl"
+    return "envlogger" if all(not np.any(value) for value in tf.nest.flatten(tail)) else "d4rl"
 
 
 def check_marks(where: str, label: str, steps: dict) -> None:
@@ -121,7 +124,7 @@ def to_frame_rows(transitions: dict) -> dict:
     rows["first"] = np.concatenate([[bool(transitions["first"][0])], np.zeros([num], bool)])
     for name, value in transitions.items():
         if name not in BUILT:
-            rows[name] = concat_nest(_zeros_like(slice_nest(value, 0, 1)), value)
+            rows[name] = concat_nest(tf.nest.map_structure(np.zeros_like, slice_nest(value, 0, 1)), value)
     for name in ("terminated", "truncated"):
         rows[name] = np.concatenate([[False], transitions[name]])
     return rows
@@ -129,7 +132,7 @@ def to_frame_rows(transitions: dict) -> dict:
 
 def to_steps(transitions: dict, convention: str, terminal: bool) -> dict:
     """The RLDS steps (by RLDS name) of one finished episode's transitions; the inverse of `to_transitions`."""
-    num = len(tree_leaves(transitions["observation"])[0])
+    num = len(tf.nest.flatten(transitions["observation"])[0])
     kept = {name: value for name, value in transitions.items() if name not in BUILT}
     if convention == "envlogger":
         steps = {name: pad_step(value) for name, value in kept.items()}
@@ -144,52 +147,29 @@ def to_steps(transitions: dict, convention: str, terminal: bool) -> dict:
     return steps
 
 
-def tree_leaves(nest: Any) -> list:
-    if isinstance(nest, dict):
-        return [leaf for value in nest.values() for leaf in tree_leaves(value)]
-    if isinstance(nest, (list, tuple)):
-        return [leaf for value in nest for leaf in tree_leaves(value)]
-    return [nest]
-
-
-def map_nest(fn: Any, *nests: Any) -> Any:
-    first = nests[0]
-    if isinstance(first, dict):
-        return {key: map_nest(fn, *(nest[key] for nest in nests)) for key in first}
-    if isinstance(first, (list, tuple)):
-        return type(first)(map_nest(fn, *parts) for parts in zip(*nests))
-    return fn(*nests)
+def named_leaves(nest: Any) -> list[tuple[str, Any]]:
+    """`(path, leaf)` pairs in `tf.nest.flatten` order, named by the spec module's leaf paths (`""`: a nest that is
+    one leaf)."""
+    leaves = tf.nest.flatten(nest)
+    if len(leaves) == 1 and leaves[0] is nest:
+        return [("", nest)]
+    return list(zip(specs.leaf_paths(nest), leaves))
 
 
 def slice_nest(nest: Any, start: int, stop: int | None) -> Any:
-    return map_nest(lambda value: value[start:stop], nest)
+    return tf.nest.map_structure(lambda value: value[start:stop], nest)
 
 
 def concat_nest(a: Any, b: Any) -> Any:
-    return map_nest(lambda x, y: np.concatenate([x, y]), a, b)
+    return tf.nest.map_structure(lambda x, y: np.concatenate([x, y]), a, b)
 
 
 def pad_step(nest: Any) -> Any:
     """`[n, ...]` arrays with one step of zeros appended (an envlogger episode's final step holds no transition)."""
-    return map_nest(lambda x: np.concatenate([x, np.zeros((1, *np.shape(x)[1:]), np.asarray(x).dtype)]), nest)
-
-
-def _zeros_like(nest: Any) -> Any:
-    return map_nest(np.zeros_like, nest)
+    return tf.nest.map_structure(
+        lambda x: np.concatenate([x, np.zeros((1, *np.shape(x)[1:]), np.asarray(x).dtype)]), nest
+    )
 
 
 def concat_all(parts: list) -> Any:
-    return map_nest(lambda *xs: np.concatenate(xs), *parts)
-
-
-def leaf_paths(nest: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """`(path, leaf)` pairs in `tf.nest.flatten` order: sorted dict keys, named-tuple fields, tuple indices."""
-    if isinstance(nest, dict) or hasattr(nest, "keys"):
-        named = [(str(key), nest[key]) for key in sorted(nest)]
-    elif hasattr(nest, "_fields"):
-        named = [(key, getattr(nest, key)) for key in nest._fields]
-    elif isinstance(nest, (list, tuple)):
-        named = [(str(i), value) for i, value in enumerate(nest)]
-    else:
-        return [(prefix, nest)]
-    return [pair for key, value in named for pair in leaf_paths(value, f"{prefix}/{key}" if prefix else key)]
+    return tf.nest.map_structure(lambda *xs: np.concatenate(xs), *parts)

@@ -8,7 +8,6 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import ring
 from tfreplay.datasets import _steps
 
 Nest = Any
@@ -24,9 +23,10 @@ def whole_episodes(where: str, buffer: Any) -> Iterator[tuple[dict, bool]]:
       TypeError: a frame buffer.
       ValueError: the buffer has no episode boundaries.
     """
-    if hasattr(buffer, "history_len"):
+    door = buffer.front_door
+    if door.capabilities.history_len is not None:
         raise TypeError(f"{where}: buffer ({type(buffer).__name__}) must store rows; frame buffers are not supported.")
-    rule = buffer._parts.rule
+    rule = door.capabilities.episode_rule
     if rule is None:
         raise ValueError(
             f"{where}: buffer ({type(buffer).__name__}) must store episode boundaries: a 'step_type' or 'first' "
@@ -34,25 +34,13 @@ def whole_episodes(where: str, buffer: Any) -> Iterator[tuple[dict, bool]]:
         )
 
     def episodes() -> Iterator[tuple[dict, bool]]:
-        stored, num_adds = _stored_rows(buffer)
+        stored, num_adds = door.stored_rows()
         items = as_dicts(tf.nest.map_structure(np.asarray, stored))
         for b, count in enumerate(np.asarray(num_adds)):
-            segment = {key: _steps.map_nest(lambda x, b=b: x[b], value) for key, value in items.items()}
+            segment = tf.nest.map_structure(lambda x, b=b: x[b], items)
             yield from _split(segment, rule, count >= buffer.max_length)
 
     return episodes()
-
-
-def _stored_rows(buffer: Any) -> tuple[Nest, Any]:
-    """Every stored item `[batch_size, time, ...]`, oldest first, and each segment's count of adds (one read)."""
-    parts, ops = buffer._parts, buffer._parts.ops
-
-    def read() -> tuple[Nest, Any]:
-        num_adds = ops.read(parts.num_adds)
-        rows, _ = ring.all_rows(num_adds, parts.max_length, parts.num_segments, ops)
-        return parts.storage.read(rows, None, ops), num_adds
-
-    return buffer._twin.exclusive(read)
 
 
 def as_dicts(nest: Nest) -> Nest:

@@ -87,12 +87,14 @@ def restore_tf_agents_checkpoint(buffer: Any, path: str, key: str | None = None)
     names = [name for name, _ in tf.train.list_variables(prefix)]
     key = _find_key(names, key)
     saved_leaves = sum(n.startswith(f"{key}/_data_table/_storage") for n in names)
-    if saved_leaves != len(tf.nest.flatten(buffer._data_spec)):
+    door = buffer.front_door
+    spec = door.spec  # every leaf a tf.TensorSpec (a compat buffer's data_spec is the spec as given)
+    if saved_leaves != len(tf.nest.flatten(spec)):
         raise ValueError(
             f"{_WHERE}: the checkpoint's buffer under {key!r} has {saved_leaves} spec leaves; this buffer's spec "
-            f"must have as many (it has {len(tf.nest.flatten(buffer._data_spec))})."
+            f"must have as many (it has {len(tf.nest.flatten(spec))})."
         )
-    checkpoint, storage, id_table, last_id = _stand_in(key, buffer._data_spec)
+    checkpoint, storage, id_table, last_id = _stand_in(key, spec)
     try:
         checkpoint.read(prefix).assert_existing_objects_matched().expect_partial()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
@@ -101,7 +103,7 @@ def restore_tf_agents_checkpoint(buffer: Any, path: str, key: str | None = None)
         ) from None
     leaves = [np.asarray(v.numpy()) for v in tf.nest.flatten(storage)]
     segments, length = buffer.batch_size, buffer.max_length
-    _check_layout(buffer, key, leaves, int(last_id.numpy()), np.asarray(id_table.numpy()))
+    _check_layout(buffer, spec, key, leaves, int(last_id.numpy()), np.asarray(id_table.numpy()))
     num_adds = int(last_id.numpy()) + 1
     live = min(num_adds, length)
     first = num_adds - live
@@ -110,16 +112,16 @@ def restore_tf_agents_checkpoint(buffer: Any, path: str, key: str | None = None)
     rows = np.arange(segments)[:, None] * length + slots[None, :]  # [batch_size, live]
     steps = [leaf[rows] for leaf in leaves]  # each [batch_size, live, ...]
     buffer.clear()
-    with buffer._gate.loading(buffer._num_frames):  # a rate limiter counts the loaded items as a restore does
+    with door.loading():  # a rate limiter counts the loaded items as a restore does
         for t in range(live):
-            buffer.add_batch(tf.nest.pack_sequence_as(buffer._data_spec, [x[:, t] for x in steps]))
+            buffer.add_batch(tf.nest.pack_sequence_as(spec, [x[:, t] for x in steps]))
     return live * segments
 
 
-def _check_layout(buffer: Any, key: str, leaves: list, last_id: int, ids: np.ndarray) -> None:
-    """Refuses a checkpoint whose leaves, capacity or id table do not fit `buffer`'s layout."""
+def _check_layout(buffer: Any, data_spec: Any, key: str, leaves: list, last_id: int, ids: np.ndarray) -> None:
+    """Refuses a checkpoint whose leaves, capacity or id table do not fit `buffer`'s layout (`data_spec`)."""
     segments, length = buffer.batch_size, buffer.max_length
-    for path, leaf, spec in zip(specs.leaf_paths(buffer._data_spec), leaves, tf.nest.flatten(buffer._data_spec)):
+    for path, leaf, spec in zip(specs.leaf_paths(data_spec), leaves, tf.nest.flatten(data_spec)):
         want = [segments * length] + spec.shape.as_list()
         if list(leaf.shape) != want or leaf.dtype != spec.dtype.as_numpy_dtype:
             raise ValueError(

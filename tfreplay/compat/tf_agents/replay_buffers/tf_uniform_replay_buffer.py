@@ -78,6 +78,7 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
         object.__setattr__(self, "_capacity_value", self._capacity)
         object.__setattr__(self, "_capacity", tf.constant(self._capacity, tf.int64))  # as TF-Agents keeps it
         self._table_fn = table_fn
+        object.__setattr__(self, "_drops_remainder", bool(dataset_drop_remainder))
 
     _empty_note = " (TFUniformReplayBuffer is empty. Make sure to add items before sampling the buffer.)"
 
@@ -115,7 +116,7 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
         transform: Any = None,
     ) -> tf.data.Dataset:
         """TF-Agents' argument order; tfreplay's `sequence_preprocess_fn` and `transform` by keyword only."""
-        if single_deterministic_pass and self._drop_remainder:
+        if single_deterministic_pass and self._drops_remainder:
             self._check_pass_keeps_data(sample_batch_size, num_steps)
         return super().as_dataset(
             sample_batch_size,
@@ -134,8 +135,8 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
         size = specs.static_int("as_dataset", "sample_batch_size", sample_batch_size)
         steps = specs.static_int("as_dataset", "num_steps", num_steps)
         for name, value, limit, bound in (
-            ("sample_batch_size", size, "batch_size", self._num_segments),
-            ("num_steps", steps, "max_length", self._max_length),
+            ("sample_batch_size", size, "batch_size", self.batch_size),
+            ("num_steps", steps, "max_length", self.max_length),
         ):
             if isinstance(value, int) and value > bound:
                 raise ValueError(
@@ -149,14 +150,11 @@ class TFUniformReplayBuffer(buffers.TFUniformReplayBuffer):
     # TF-Agents' private helpers that its own tests (and some user code) call.
     def _get_last_id(self) -> tf.Tensor:
         """The id of the newest add (-1 when empty), as TF-Agents counts adds."""
-        return self._twin.exclusive(lambda: tf.reduce_max(self._parts.num_adds.read_value()) - 1)
+        return tf.reduce_max(self.front_door.num_adds()) - 1
 
     def _clear(self, clear_all_variables: bool = False) -> Any:
         """Empties the buffer; with `clear_all_variables` also zeroes the stored rows."""
-        if not clear_all_variables:
-            return super()._clear()
-        zeroed = lambda: [v.assign(tf.zeros_like(v)) for v in self._parts.storage.arrays]  # noqa: E731
-        return self._twin.clear(self._parts, also=zeroed)
+        return self.front_door.clear_zeroed() if clear_all_variables else super()._clear()
 
 
 replay_buffer.ReplayBuffer.register(TFUniformReplayBuffer)
