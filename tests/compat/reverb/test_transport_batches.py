@@ -76,14 +76,25 @@ def test_a_cell_crosses_an_insert_stream_once_and_is_forgotten_once_let_go():
     (c,) = held.read(third, "test")
     assert c[3][0].cells[0] is b[3][1].cells[0]
 
-    def request(blocks: list, items: list, arrays: list) -> bytes:
-        return wire.encode({"tables": ["t"], "blocks": blocks, "items": items, "forget": []}, arrays)
+    def request(blocks: list, runs: list, arrays: list) -> bytes:
+        return wire.encode({"tables": ["t"], "blocks": blocks, "runs": runs, "forget": []}, arrays)
+
+    def run(layout: list, numbers: list, table: int = 0) -> tuple[list, list]:  # one item of `layout`
+        arrays = [
+            np.array([table], np.int32),
+            np.ones(1),
+            np.array([numbers]),
+            np.ones(1, np.int32),
+            np.ones(1, np.uint64),
+        ]
+        return [[layout, 0]], arrays
 
     refused = {
-        "names a cell the stream does not hold": request([], [[0, 1.0, [], [[False, [0]]]]], []),
+        "names cell 0; the stream does not hold it": request([], *run([[False, 1]], [0])),
         "is already held": request([[0, 1]], [], [np.array([1], np.int64), np.zeros([1, 2])]),
-        "is squeezed": request([], [[0, 1.0, [], [[True, [1, 2]]]]], []),
-        "must be \\[table index": request([], [[3, 1.0, [], [[False, [1]]]]], []),
+        "with 1 cell if squeezed": request([], *run([[True, 2]], [1, 2])),
+        "must name one of its 1 tables": request([], *run([[False, 1]], [1], table=3)),
+        "must be i4\\[n\\], f8\\[n\\], i8\\[n, cells\\]": request([], *run([[False, 2]], [1])),
         "needs int64\\[n\\] numbers and n values": request([[0, 1]], [], [np.array([7, 8]), np.zeros([1, 2])]),
     }
     for rule, message in refused.items():

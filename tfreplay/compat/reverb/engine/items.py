@@ -84,30 +84,33 @@ def check_columns(where: str, signature: Any, columns: Sequence[Column], step_sh
     the signature of items whose every column has a time axis)."""
     if signature is None:
         return
-    kinds = tuple((c.cells[0].dtype, c.shape(), c.cells[0].shape if step_shapes else None) for c in columns)
+    kinds = tuple((c.cells[0].dtype, c.cells[0].shape, None if c.squeeze else len(c.cells)) for c in columns)
     held = _SIGNATURES.get(id(signature))
     if held is None or held[0] is not signature:  # a writer's items repeat a few kinds: their verdicts are kept
         if len(_SIGNATURES) >= 256:
             _SIGNATURES.clear()
-        held = _SIGNATURES[id(signature)] = (signature, tuple(tf.nest.flatten(signature)), {})
-    if kinds not in held[2]:
-        held[2][kinds] = _mismatch(held[1], kinds)
-    rule = held[2][kinds]
+        held = _SIGNATURES[id(signature)] = (signature, tuple(tf.nest.flatten(signature)), {}, {})
+    verdicts = held[3 if step_shapes else 2]
+    rule = verdicts.get(kinds, _UNSEEN)
+    if rule is _UNSEEN:
+        rule = verdicts[kinds] = _mismatch(held[1], kinds, step_shapes)
     if rule is not None:
         raise SignatureError(f"{where}: {rule}")
 
 
-_SIGNATURES: dict[int, tuple] = {}  # id(signature) -> (signature, its specs, {column kinds: mismatch or None})
+_SIGNATURES: dict[int, tuple] = {}  # id(signature) -> (signature, its specs, verdicts by column kinds, ... by steps)
+_UNSEEN = object()
 
 
-def _mismatch(specs: tuple, kinds: tuple) -> str | None:
-    """Why columns of these `(dtype, shape, step shape or None)` kinds do not match `specs`; None if they do."""
+def _mismatch(specs: tuple, kinds: tuple, step_shapes: bool) -> str | None:
+    """Why columns of these `(dtype, step shape, steps or None if squeezed)` kinds do not match `specs`; None if
+    they do (`step_shapes`: a column's step shape may match too)."""
     if len(specs) != len(kinds):
         return f"the item has {len(kinds)} columns; the table's signature has {len(specs)}."
-    for i, (spec, (np_dtype, shape, step)) in enumerate(zip(specs, kinds)):
-        dtype = tf.as_dtype(np_dtype)
+    for i, (spec, (np_dtype, step, steps)) in enumerate(zip(specs, kinds)):
+        dtype, shape = tf.as_dtype(np_dtype), tuple(step) if steps is None else (steps, *step)
         if dtype != spec.dtype:
             return f"column {i} has dtype {dtype.name}; the signature expects {spec.dtype.name}."
-        if not any(spec.shape.is_compatible_with(s) for s in ([shape] if step is None else [shape, tuple(step)])):
+        if not any(spec.shape.is_compatible_with(s) for s in ([shape, tuple(step)] if step_shapes else [shape])):
             return f"column {i} has shape {shape}; the signature expects {spec.shape.as_list()}."
     return None

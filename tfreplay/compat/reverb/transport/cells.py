@@ -11,11 +11,13 @@ and the server (`CellsIn`) drops it from its map; the items in the tables
 keep the cells they hold.
 
 A request is one `wire` message whose header lists the `tables` it names,
-the `blocks` of new cells (`[numbers array, values array]`), the `items`
-(`[table index, priority, episodes, [[squeeze, [numbers]], ...]]`) and the
-numbers to `forget`. A number must be new when it comes and held when an
-item names it; anything else ends the stream, whose unacknowledged items
-then fail on the client.
+the `blocks` of new cells (`[numbers array, values array]`), the `runs` of
+items and the numbers to `forget`. A run is items in a row whose columns
+agree in layout (`[[squeeze, cells], ...]`), as five arrays with a row per
+item: table index, priority, cell numbers (every column's, in order), the
+count of episodes and, flat, the episodes. A number must be new when it
+comes and held when an item names it; anything else ends the stream, whose
+unacknowledged items then fail on the client.
 """
 
 from __future__ import annotations
@@ -45,16 +47,27 @@ class CellsOut:
         forget = self._forgotten()
         tables: dict[str, int] = {}
         new: dict[tuple, tuple[list, list]] = {}  # (dtype, shape) -> (numbers, cells)
-        items = []
+        runs: list = []  # [layout, table indices, priorities, cell numbers, episode counts, episodes]
         for name, item in entries:
-            columns = [[column.squeeze, [self._number(cell, new) for cell in column.cells]] for column in item.columns]
-            items.append([tables.setdefault(name, len(tables)), item.priority, list(item.episodes), columns])
+            layout = [[column.squeeze, len(column.cells)] for column in item.columns]
+            if not runs or runs[-1][0] != layout:
+                runs.append([layout, [], [], [], [], []])
+            run = runs[-1]
+            run[1].append(tables.setdefault(name, len(tables)))
+            run[2].append(item.priority)
+            run[3].append([self._number(cell, new) for column in item.columns for cell in column.cells])
+            run[4].append(len(item.episodes))
+            run[5].extend(item.episodes)
         arrays: list = []
         blocks = []
         for numbers, cells in new.values():
             blocks.append([len(arrays), len(arrays) + 1])
             arrays += [np.array(numbers, np.int64), np.stack(cells)]
-        header = {"tables": list(tables), "blocks": blocks, "items": items, "forget": forget}
+        described = []
+        for layout, *values in runs:
+            described.append([layout, len(arrays)])
+            arrays += [np.array(v, t) for v, t in zip(values, (np.int32, np.float64, np.int64, np.int32, np.uint64))]
+        header = {"tables": list(tables), "blocks": blocks, "runs": described, "forget": forget}
         return wire.encode(header, arrays)
 
     def _number(self, cell: np.ndarray, new: dict) -> int:
@@ -95,9 +108,13 @@ class CellsIn:
         format (the stream ends)."""
         header, arrays = wire.decode(request)
         tables = wire.field(header, "tables", list, where)
+        if not all(isinstance(t, str) for t in tables):
+            raise wire.WireError(f"{where}: tables ({tables!r}) must be a list of names.")
         for entry in wire.field(header, "blocks", list, where):
             self._hold(entry, arrays, where)
-        items = [self._item(entry, tables, where) for entry in wire.field(header, "items", list, where)]
+        items = []
+        for run in wire.field(header, "runs", list, where):
+            items += self._run(run, arrays, tables, where)
         for number in wire.keys(header.get("forget"), where, "forget"):
             self._cells.pop(number, None)
         return items
@@ -117,19 +134,40 @@ class CellsIn:
                 raise wire.WireError(f"{where}: cell number {number} is already held; a new cell needs a new number.")
             self._cells[number] = values[i, ...]  # a 0-d array for a scalar cell, not a NumPy scalar
 
-    def _item(self, entry: Any, tables: list, where: str) -> tuple:
-        ok = isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int) and isinstance(entry[3], list)
-        if not ok or not 0 <= entry[0] < len(tables) or not isinstance(tables[entry[0]], str) or not entry[3]:
-            raise wire.WireError(f"{where}: an item ({entry!r}) must be [table index, priority, episodes, columns].")
-        columns = []
-        for column in entry[3]:
-            if not (isinstance(column, list) and len(column) == 2 and isinstance(column[1], list) and column[1]):
-                raise wire.WireError(f"{where}: a column ({column!r}) must be [squeeze, [cell numbers]].")
-            squeeze, numbers = column
-            if not isinstance(squeeze, bool) or (squeeze and len(numbers) != 1):
-                raise wire.WireError(f"{where}: a column ({column!r}) is squeezed (true) only with one cell.")
-            try:
-                columns.append(Column(tuple(self._cells[n] for n in numbers), squeeze))
-            except (KeyError, TypeError):
-                raise wire.WireError(f"{where}: a column ({column!r}) names a cell the stream does not hold.") from None
-        return tables[entry[0]], entry[1], wire.keys(entry[2], where, "episodes"), tuple(columns)
+    def _run(self, run: Any, arrays: list, tables: list, where: str) -> list:
+        ok = isinstance(run, list) and len(run) == 2 and isinstance(run[0], list) and run[0]
+        if not ok or not isinstance(run[1], int) or not 0 <= run[1] <= len(arrays) - 5:
+            raise wire.WireError(f"{where}: a run ({run!r}) must be [layout, index of its five arrays].")
+        layout = run[0]
+        for column in layout:
+            ok = isinstance(column, list) and len(column) == 2 and isinstance(column[0], bool)
+            if not ok or not isinstance(column[1], int) or column[1] < 1 or (column[0] and column[1] != 1):
+                rule = "must be [squeeze, cells >= 1], with 1 cell if squeezed"
+                raise wire.WireError(f"{where}: a column layout ({column!r}) {rule}.")
+        index, priority, numbers, counts, episodes = arrays[run[1] : run[1] + 5]
+        n, cells = len(index) if index.ndim == 1 else 0, sum(k for _, k in layout)
+        kinds = [(index, np.int32, (n,)), (priority, np.float64, (n,)), (counts, np.int32, (n,))]
+        kinds.append((numbers, np.int64, (n, cells)))
+        if n < 1 or any(a.dtype != dtype or a.shape != shape for a, dtype, shape in kinds) or counts.min() < 0:
+            rule = "must be i4[n], f8[n], i8[n, cells], i4[n] >= 0 and u8[episodes], n >= 1"
+            raise wire.WireError(f"{where}: a run's arrays {rule}.")
+        if episodes.dtype != np.uint64 or episodes.shape != (int(counts.sum()),):
+            got = f"{episodes.dtype}{list(episodes.shape)}"
+            raise wire.WireError(f"{where}: a run's episodes ({got}) must be u8[the sum of its counts].")
+        if index.min() < 0 or index.max() >= len(tables):
+            raise wire.WireError(f"{where}: a run's table indices must name one of its {len(tables)} tables.")
+        items, start, ends = [], 0, np.cumsum(counts).tolist()
+        episode_list = episodes.tolist()
+        held = self._cells
+        for t, p, row, end in zip(index.tolist(), priority.tolist(), numbers.tolist(), ends):
+            columns, offset = [], 0
+            for squeeze, k in layout:
+                try:
+                    columns.append(Column(tuple([held[c] for c in row[offset : offset + k]]), squeeze))
+                except KeyError as e:
+                    rule = "the stream does not hold it"
+                    raise wire.WireError(f"{where}: an item names cell {e.args[0]}; {rule}.") from None
+                offset += k
+            items.append((tables[t], p, episode_list[start:end], tuple(columns)))
+            start = end
+        return items
