@@ -59,6 +59,14 @@ flags.DEFINE_integer(
     "train_steps_per_call", 16, "Train steps per graph call, sampled inside it (1: one per call, from as_dataset).",
     lower_bound=1,
 )  # fmt: skip
+flags.DEFINE_boolean(
+    "concurrent", False,
+    "Collect and learn at once, on two threads kept at the same ratio by a rate limiter (not reproducible).",
+)  # fmt: skip
+flags.DEFINE_integer(
+    "pull_every", _DEFAULTS.pull_every, "With --concurrent: env steps between the collector's weight pulls.",
+    lower_bound=1,
+)  # fmt: skip
 FLAGS = flags.FLAGS
 
 
@@ -80,6 +88,8 @@ def config_from_flags() -> DqnConfig:
         prioritized=FLAGS.prioritized,
         n_step=FLAGS.n_step,
         train_steps_per_call=FLAGS.train_steps_per_call,
+        concurrent=FLAGS.concurrent,
+        pull_every=FLAGS.pull_every,
     )
 
 
