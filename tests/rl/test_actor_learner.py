@@ -89,7 +89,7 @@ def test_close_stops_collectors_waiting_for_a_slow_learner_once_its_call_ends():
 
     run._learn = slow  # noqa: SLF001
     run.start()
-    run.wait_for(100, timeout=30)
+    run.wait_for(40, timeout=30)
     time.sleep(0.5)  # the collectors are ahead, waiting for room
     assert limiter.info().error + SPI * ENVS > limiter.info().max_diff
     start = time.perf_counter()

@@ -34,7 +34,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import tensorflow as tf
@@ -420,7 +420,7 @@ class _Run:
         actor = Actor(collect, c.num_envs, self.actor_q_network.set_weights)
         return ActorLearner(
             self.buffer,
-            self.limiter,
+            cast(SampleToInsertRatio, self.limiter),  # a concurrent run's buffer has one
             lambda: float(self._train_loop().loss),  # read back: the call is done
             c.train_steps_per_call * c.batch_size,
             [actor],
