@@ -393,19 +393,27 @@ class _Run:
                     self.env_steps.assign_add(self.driver.run())
                 stop = self.events(steps, loss, bar, due, start, first)
             offset = int(self.env_steps.numpy())  # the run counts its own env steps from 0
-            run = self.actor_learner(c.num_env_steps - offset)
-            try:
-                with run:
-                    while (steps := int(self.env_steps.numpy())) < c.num_env_steps and not stop:
-                        events = (("log", c.log_interval), ("eval", c.eval_interval), ("save", c.checkpoint_interval))
-                        target = min([due.next(name, every) for name, every in events] + [c.num_env_steps])
-                        run.wait_for(int(target) - offset)
-                        loss = float("nan") if run.last_result is None else run.last_result
-                        stop = self.events(steps, loss, bar, due, start, first, run.paused)
-            finally:
-                for part, seconds in run.seconds.items():
-                    self.seconds[part] += seconds
+            if offset < c.num_env_steps and not stop:
+                loss, stop = self.run_concurrent(offset, bar, due, start, first)
         return self.finish(loss, start, stop)
+
+    def run_concurrent(self, offset: int, bar: Any, due: _Due, start: float, first: int) -> tuple[float, bool]:
+        """Runs the collector and learner threads from `offset` env steps until the end (or an early stop),
+        handling what is due at each log, evaluation or checkpoint step; returns the last loss and the stop."""
+        c, loss, stop = self.config, float("nan"), False
+        run = self.actor_learner(c.num_env_steps - offset)
+        try:
+            with run:
+                while (steps := int(self.env_steps.numpy())) < c.num_env_steps and not stop:
+                    events = (("log", c.log_interval), ("eval", c.eval_interval), ("save", c.checkpoint_interval))
+                    target = min([due.next(name, every) for name, every in events] + [c.num_env_steps])
+                    run.wait_for(int(target) - offset)
+                    loss = float("nan") if run.last_result is None else run.last_result
+                    stop = self.events(steps, loss, bar, due, start, first, run.paused)
+        finally:
+            for part, seconds in run.seconds.items():
+                self.seconds[part] += seconds
+        return loss, stop
 
     def actor_learner(self, num_env_steps: int) -> ActorLearner:
         """The collector and the learner of a concurrent run, kept at the sequential loop's ratio by the
@@ -426,7 +434,7 @@ class _Run:
             [actor],
             weights=self.agent.q_network.get_weights,
             pull_every=c.pull_every,
-            num_env_steps=max(num_env_steps, 1),
+            num_env_steps=num_env_steps,
         )
 
     def events(
