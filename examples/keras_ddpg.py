@@ -18,6 +18,14 @@ exploration noise and the learner takes one update per environment step,
 env steps the greedy actor is evaluated over a vector env, one episode per
 sub-environment, and a line says where the time went: collect, learn,
 evaluate.
+
+`--concurrent` collects and learns at once (`tfreplay.rl.actor_learner`): a
+collector thread steps the environments with its own copy of the actor,
+pulled from the learner's every `--pull-every` env steps, while a learner
+thread runs the `TrainLoop`; the buffer's `SampleToInsertRatio` keeps one
+update per env step, within one call's updates each way. The time line then
+adds `overlap`, the seconds both sides worked at once. Thread timing decides
+which transitions each update draws, so such a run is not reproducible.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import tensorflow as tf  # noqa: E402
 
 import tfreplay  # noqa: E402
 from tfreplay.keras import keras_module  # noqa: E402
+from tfreplay.rl.actor_learner import Actor, ActorLearner  # noqa: E402
 from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec  # noqa: E402
 from tfreplay.rl.observers import AverageReturn  # noqa: E402
 from tfreplay.rl.policies import RandomPolicy  # noqa: E402
@@ -118,24 +127,32 @@ class Ddpg(tf.Module):
 
 
 class NoisyPolicy:
-    """The actor's action plus Gaussian noise of standard deviation `noise`, clipped to the action bounds."""
+    """The actor's action plus Gaussian noise of standard deviation `noise`, clipped to the action bounds.
 
-    def __init__(self, agent: Ddpg, noise: float, seed: int):
+    `actor`: a copy of the agent's actor to act with (a collector thread's, pulled from the learner's now and
+    then); default the agent's own.
+    """
+
+    def __init__(self, agent: Ddpg, noise: float, seed: int, actor: Any = None):
         self.agent, self.noise = agent, noise
         self.rng = np.random.default_rng(seed)
+        self.act = agent.act
+        if actor is not None:
+            spec = tf.TensorSpec([None, actor.input_shape[-1]], tf.float32)
+            self.act = tf.function(lambda observation: agent.max_action * actor(observation), input_signature=[spec])
 
     def __call__(self, observation: Any) -> np.ndarray:
-        action = self.agent.act(tf.convert_to_tensor(observation, tf.float32)).numpy()
+        action = self.act(tf.convert_to_tensor(observation, tf.float32)).numpy()
         if self.noise:
             action = action + self.rng.normal(0.0, self.noise, action.shape)
         return np.clip(action, -self.agent.max_action, self.agent.max_action).astype(np.float32)
 
 
 class Clock:
-    """Seconds spent per part of the run."""
+    """Seconds spent per part of the run (`overlap`: both collect and learn at once, in a concurrent run)."""
 
-    def __init__(self) -> None:
-        self.seconds = {"collect": 0.0, "learn": 0.0, "evaluate": 0.0}
+    def __init__(self, parts: Sequence[str] = ("collect", "learn", "evaluate")) -> None:
+        self.seconds = {part: 0.0 for part in parts}
         self.start = time.perf_counter()
 
     @contextlib.contextmanager
@@ -163,6 +180,8 @@ def train(
     log_interval: int = 2_000,
     eval_episodes: int = 10,
     jit_compile: bool = False,
+    concurrent: bool = False,
+    pull_every: int = 100,
 ) -> dict:
     """Collects `steps` env steps and learns from them, one update per env step; see the module docstring."""
     keras.utils.set_random_seed(seed)
@@ -170,11 +189,18 @@ def train(
     spec = transition_spec(env.single_observation_space, env.single_action_space)
     max_action = float(env.single_action_space.high[0])  # type: ignore[attr-defined]
     agent = Ddpg(spec.observation.shape[0], spec.action.shape[0], max_action)
-    buffer = tfreplay.TFUniformReplayBuffer(spec, batch_size=num_envs, max_length=buffer_size // num_envs, seed=seed)
+    limiter = None
+    if concurrent:  # one update of batch_size samples per stored transition, within one call's each way
+        error = (train_steps_per_call + num_envs) * batch_size
+        limiter = tfreplay.SampleToInsertRatio(float(batch_size), max(initial_steps, batch_size), error)
+    buffer = tfreplay.TFUniformReplayBuffer(
+        spec, batch_size=num_envs, max_length=buffer_size // num_envs, seed=seed, rate_limiter=limiter
+    )
     learn = tfreplay.TrainLoop(
         buffer, agent.train_step, train_steps_per_call, batch_size, metrics="mean", jit_compile=jit_compile
     )
-    returns, clock, greedy = AverageReturn(10), Clock(), float("nan")
+    parts = ("collect", "learn", "overlap", "evaluate") if concurrent else ("collect", "learn", "evaluate")
+    returns, clock, greedy = AverageReturn(10), Clock(parts), float("nan")
     driver = StepDriver(env, RandomPolicy(env.single_action_space, seed=seed), [buffer.add_batch, returns], num_envs)
     with clock("collect"):
         driver.run(max(initial_steps, batch_size))  # the first sample needs a batch in the buffer
@@ -184,6 +210,39 @@ def train(
         with clock("evaluate"):
             policy = NoisyPolicy(agent, 0.0, seed)
             return float(np.mean(evaluate(ENV_ID, policy, episodes, seed=seed + offset)))
+
+    def report(metrics: dict) -> None:
+        print(
+            f"env steps {driver.num_env_steps:6d} | episodes {driver.num_episodes:4d} | "
+            f"return {returns.result():7.1f} | greedy {greedy:7.1f} | "
+            f"critic loss {metrics['critic_loss']:.3f} | {clock.line()}"
+        )
+
+    if concurrent and driver.num_env_steps < steps:
+        actor = keras.models.clone_model(agent.actor)  # the collector's copy
+        actor.set_weights(agent.actor.get_weights())
+        driver.policy = NoisyPolicy(agent, noise, seed, actor=actor)
+        offset = logged = driver.num_env_steps  # the run counts its env steps from 0
+        run = ActorLearner(
+            buffer,
+            limiter,  # type: ignore[arg-type]
+            lambda: {name: float(value) for name, value in learn().items()},  # read back: the call is done
+            train_steps_per_call * batch_size,
+            [Actor(driver.run, num_envs, actor.set_weights)],
+            weights=agent.actor.get_weights,
+            pull_every=pull_every,
+            num_env_steps=steps - offset,
+        )
+        base = dict(clock.seconds)
+        with run:
+            while driver.num_env_steps < steps:
+                run.wait_for(min(logged + log_interval, steps) - offset)
+                with run.paused():
+                    logged = driver.num_env_steps
+                    greedy = evaluate_greedy(eval_episodes, 1_000 + logged)
+                    clock.seconds.update({part: base[part] + s for part, s in run.seconds.items()})
+                    report(run.last_result or {"critic_loss": float("nan")})  # nothing learned yet: NaN
+        clock.seconds.update({part: base[part] + s for part, s in run.seconds.items()})
 
     credit, logged = 0, driver.num_env_steps
     while driver.num_env_steps < steps:
@@ -196,11 +255,7 @@ def train(
         if driver.num_env_steps - logged >= log_interval or driver.num_env_steps >= steps:
             logged = driver.num_env_steps
             greedy = evaluate_greedy(eval_episodes, 1_000 + logged)
-            print(
-                f"env steps {driver.num_env_steps:6d} | episodes {driver.num_episodes:4d} | "
-                f"return {returns.result():7.1f} | greedy {greedy:7.1f} | "
-                f"critic loss {metrics['critic_loss']:.3f} | {clock.line()}"
-            )
+            report(metrics)
     env.close()
     num_train_steps = int(agent.critic_optimizer.iterations)
     rate = num_train_steps / max(clock.seconds["learn"], 1e-9)
@@ -229,14 +284,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     add("--log-interval", "--log_interval", type=int, default=2_000, help="env steps between progress lines")
     add("--eval-episodes", "--eval_episodes", type=int, default=10, help="greedy episodes per evaluation")
     add("--jit-compile", "--jit_compile", action="store_true", help="compile the train loop with XLA")
+    add("--concurrent", action="store_true", help="collect and learn at once, on two threads (not reproducible)")
+    add("--pull-every", "--pull_every", type=int, default=100, help="--concurrent: env steps between weight pulls")
     args = parser.parse_args(argv)
-    for name in ("steps", "num_envs", "train_steps_per_call", "batch_size", "log_interval", "eval_episodes"):
+    names = ("steps", "num_envs", "train_steps_per_call", "batch_size", "log_interval", "eval_episodes", "pull_every")
+    for name in names:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} ({getattr(args, name)}) must be a positive integer")
     return train(
         args.steps, args.seed, args.num_envs, args.train_steps_per_call, args.initial_steps, args.batch_size,
         noise=args.noise, log_interval=args.log_interval, eval_episodes=args.eval_episodes,
-        jit_compile=args.jit_compile,
+        jit_compile=args.jit_compile, concurrent=args.concurrent, pull_every=args.pull_every,
     )  # fmt: skip
 
 

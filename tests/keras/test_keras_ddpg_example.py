@@ -57,3 +57,16 @@ def test_the_example_refuses_a_non_positive_k(example, capsys):
         example.main(["--train-steps-per-call=0"])
     assert exit_info.value.code == 2
     assert "--train-steps-per-call (0) must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_concurrent_run_keeps_one_update_per_env_step_within_the_limiters_error(example, capsys):
+    argv = ["--steps=600", "--initial-steps=200", "--num-envs=2", "--train-steps-per-call=4", "--concurrent"]
+    result = example.main(argv + ["--log-interval=200", "--eval-episodes=2", "--pull-every=50"])
+    # One update per env step after the first 200, within one call (4) plus one collect call's share (2) each way.
+    assert result["num_env_steps"] == 600 and abs(result["num_train_steps"] - 400) <= 4 + 2
+    assert result["num_train_steps"] % 4 == 0 and np.isfinite(result["greedy_return"])
+    assert list(result["seconds"]) == ["collect", "learn", "overlap", "evaluate"]
+    out = capsys.readouterr().out.splitlines()
+    progress = [line for line in out if line.startswith("env steps")]
+    assert len(progress) == 2 and progress[-1].startswith("env steps    600 |")
+    assert ", overlap " in progress[-1] and out[-1].startswith("time: ")

@@ -230,6 +230,7 @@ BAD_CONFIGS = [
     (dict(beta=1.5), r"DqnConfig: beta \(1.5\) must be in \[0, 1\]"),
     (dict(priority_eps=0.0), r"DqnConfig: priority_eps \(0.0\) must be positive"),
     (dict(train_steps_per_call=0), r"DqnConfig: train_steps_per_call \(0\) must be a positive integer"),
+    (dict(pull_every=0), r"DqnConfig: pull_every \(0\) must be a positive integer"),
 ]
 
 
@@ -327,6 +328,13 @@ def test_the_demo_flags_choose_the_replay():
         flags.FLAGS.unparse_flags()
     assert (config.prioritized, config.n_step, config.stop_at_return) == (False, 1, 475.0)
     assert config.train_steps_per_call == 16  # the demo learns through the fused loop
+    assert not config.concurrent
+    flags.FLAGS(["demo", "--concurrent", "--pull_every=50"])
+    try:
+        config = demo.config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert (config.concurrent, config.pull_every) == (True, 50)
     with pytest.raises(flags.IllegalFlagValueError, match="n_step"):
         flags.FLAGS(["demo", "--n_step=0"])
     flags.FLAGS.unparse_flags()
@@ -497,3 +505,18 @@ def test_a_short_run_with_four_train_steps_per_call_trains(prioritized):
     if prioritized:
         _, info = result.buffer.get_next(sample_batch_size=500)
         assert np.ptp(info.probabilities.numpy()) > 0
+
+
+@pytest.mark.parametrize(
+    "prioritized", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["uniform", "prioritized"]
+)
+def test_a_concurrent_run_keeps_the_updates_per_env_step_within_the_limiters_error(prioritized):
+    result = train_dqn(DqnConfig(**SMALL, prioritized=prioritized, train_steps_per_call=4, concurrent=True))
+    assert result.num_env_steps == 480
+    # The sequential loop's updates: 0.5 per env step after the first 200. The limiter keeps the learner within
+    # one call (4 steps) plus one collect call's share (0.5 * 4 env steps) of them, each way.
+    assert abs(result.num_train_steps - (480 - 200) * 0.5) <= 4 + 0.5 * 4
+    assert result.num_train_steps % 4 == 0 and np.isfinite(result.history[-1]["loss"])
+    assert list(result.seconds) == ["collect", "learn", "overlap", "evaluate"]
+    assert result.seconds["overlap"] <= min(result.seconds["collect"], result.seconds["learn"])
+    result.buffer.add_batch(tf.nest.map_structure(lambda x: x[:, 0], result.buffer.gather_all()))  # not closed

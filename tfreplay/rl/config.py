@@ -49,12 +49,15 @@ class DqnConfig:
     priority_eps: float = 1e-6  # keeps every item drawable
     n_step: int = 1  # > 1: learn from n-step returns (NStepReturns)
     train_steps_per_call: int = 1  # > 1: that many train steps per graph call, sampled inside it (TrainLoop)
+    concurrent: bool = False  # collect and learn at once, on threads (tfreplay.rl.actor_learner); not reproducible
+    pull_every: int = 100  # concurrent: env steps between the collector's pulls of the learner's weights
 
     def __post_init__(self) -> None:
         from tfreplay._src import specs  # here, not above: the class loads without TensorFlow (the demo's flags)
 
         specs.check_positive_int("DqnConfig", "n_step", self.n_step)
         specs.check_positive_int("DqnConfig", "train_steps_per_call", self.train_steps_per_call)
+        specs.check_positive_int("DqnConfig", "pull_every", self.pull_every)
         if not 0.0 <= self.beta <= 1.0:
             raise ValueError(f"DqnConfig: beta ({self.beta!r}) must be in [0, 1].")
         if not self.priority_eps > 0.0:

@@ -5,6 +5,7 @@
     tfreplay-demo --steps=80000 --resume         # continue the saved run
     tfreplay-demo --prioritized --n_step=3       # prioritized replay, 3-step returns
     tfreplay-demo --train_steps_per_call=1       # one train step per call, from as_dataset
+    tfreplay-demo --concurrent                   # collect and learn at once, on two threads
     tensorboard --logdir runs/demo/tensorboard
 
 A vectorised collect driver feeds a `TFUniformReplayBuffer` through its
@@ -16,8 +17,13 @@ Writes checkpoints (agent + buffer), `history.json`, TensorBoard summaries and
 `learning_curve.png` under `--output_dir`. `--prioritized` replays from a
 `TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
 train step); `--n_step=N` learns from N-step returns.
+`--concurrent` collects on one thread and learns on another
+(`tfreplay.rl.actor_learner`), a `SampleToInsertRatio` keeping the same
+updates per env step within one learner call's; such a run is not
+reproducible (see the collect-and-train guide).
 The last lines give the greedy evaluation (20 episodes at once, in a vector
-env) and where the time went: collect, learn and evaluate seconds.
+env) and where the time went: collect, learn and evaluate seconds (and with
+`--concurrent`, overlap: both at once).
 
 Needs the `rl` extra (`pip install ".[rl]"` in a checkout, or `"<wheel>[rl]"`), which brings
 matplotlib for the learning curve; the progress bar (tqdm) and the summaries (tensorboard) come with
@@ -59,6 +65,14 @@ flags.DEFINE_integer(
     "train_steps_per_call", 16, "Train steps per graph call, sampled inside it (1: one per call, from as_dataset).",
     lower_bound=1,
 )  # fmt: skip
+flags.DEFINE_boolean(
+    "concurrent", False,
+    "Collect and learn at once, on two threads kept at the same ratio by a rate limiter (not reproducible).",
+)  # fmt: skip
+flags.DEFINE_integer(
+    "pull_every", _DEFAULTS.pull_every, "With --concurrent: env steps between the collector's weight pulls.",
+    lower_bound=1,
+)  # fmt: skip
 FLAGS = flags.FLAGS
 
 
@@ -80,6 +94,8 @@ def config_from_flags() -> DqnConfig:
         prioritized=FLAGS.prioritized,
         n_step=FLAGS.n_step,
         train_steps_per_call=FLAGS.train_steps_per_call,
+        concurrent=FLAGS.concurrent,
+        pull_every=FLAGS.pull_every,
     )
 
 
