@@ -23,6 +23,7 @@ unacknowledged items then fail on the client.
 from __future__ import annotations
 
 import collections
+import functools
 import weakref
 from typing import Any, Sequence
 
@@ -75,11 +76,10 @@ class CellsOut:
         if held is not None and held[1]() is cell:
             return held[0]
         number, self._next = self._next, self._next + 1
-        gone = self._gone
         try:
-            ref = weakref.ref(cell, lambda _, key=id(cell), n=number: gone.append((key, n)))
+            ref = weakref.ref(cell, functools.partial(_let_go, self._gone, id(cell), number))
         except TypeError:  # not an array that takes weak references: sent now, forgotten with the next request
-            gone.append((None, number))
+            self._gone.append((None, number))
         else:
             self._numbers[id(cell)] = (number, ref)
         numbers, cells = new.setdefault((cell.dtype.str, cell.shape), ([], []))
@@ -95,6 +95,11 @@ class CellsOut:
                 del self._numbers[key]
             out.append(number)
         return out
+
+
+def _let_go(gone: collections.deque, key: int, number: int, ref: Any) -> None:
+    """A weak reference's callback: the cell `key` (numbered `number`) is gone (from any thread; appends only)."""
+    gone.append((key, number))
 
 
 class CellsIn:
@@ -135,19 +140,19 @@ class CellsIn:
             self._cells[number] = values[i, ...]  # a 0-d array for a scalar cell, not a NumPy scalar
 
     def _run(self, run: Any, arrays: list, tables: list, where: str) -> list:
-        ok = isinstance(run, list) and len(run) == 2 and isinstance(run[0], list) and run[0]
+        ok = isinstance(run, list) and len(run) == 2 and isinstance(run[0], list) and bool(run[0])
         if not ok or not isinstance(run[1], int) or not 0 <= run[1] <= len(arrays) - 5:
             raise wire.WireError(f"{where}: a run ({run!r}) must be [layout, index of its five arrays].")
         layout = run[0]
         for column in layout:
-            ok = isinstance(column, list) and len(column) == 2 and isinstance(column[0], bool)
-            if not ok or not isinstance(column[1], int) or column[1] < 1 or (column[0] and column[1] != 1):
+            fits = isinstance(column, list) and len(column) == 2 and isinstance(column[0], bool)
+            if not fits or not isinstance(column[1], int) or column[1] < 1 or (column[0] and column[1] != 1):
                 rule = "must be [squeeze, cells >= 1], with 1 cell if squeezed"
                 raise wire.WireError(f"{where}: a column layout ({column!r}) {rule}.")
         index, priority, numbers, counts, episodes = arrays[run[1] : run[1] + 5]
         n, cells = len(index) if index.ndim == 1 else 0, sum(k for _, k in layout)
-        kinds = [(index, np.int32, (n,)), (priority, np.float64, (n,)), (counts, np.int32, (n,))]
-        kinds.append((numbers, np.int64, (n, cells)))
+        kinds: list[tuple[np.ndarray, Any, tuple]] = [(index, np.int32, (n,)), (priority, np.float64, (n,))]
+        kinds += [(counts, np.int32, (n,)), (numbers, np.int64, (n, cells))]
         if n < 1 or any(a.dtype != dtype or a.shape != shape for a, dtype, shape in kinds) or counts.min() < 0:
             rule = "must be i4[n], f8[n], i8[n, cells], i4[n] >= 0 and u8[episodes], n >= 1"
             raise wire.WireError(f"{where}: a run's arrays {rule}.")
