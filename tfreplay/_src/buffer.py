@@ -1,17 +1,15 @@
-"""The buffer: a storage and a sampler over the ring and the episode index, on a twin's arrays.
+"""The buffer: a storage and a sampler over the ring and the episode index, on a backend's arrays.
 
 `Buffer` is the one class behind every public buffer. It checks arguments
 once at the boundary, keeps its parts (`parts.Parts`) and a cache of checked
-requests, and hands each call to its twin with the pure functions of the
-parts that do the work (`write.py`, `sample.py`, `single_pass.py`).
+requests, and runs each call (`calls.py`, `single_pass.py`) over the pure
+functions of the parts that do the work (`write.py`, `sample.py`).
 
-A twin (`twin_tf.TFTwin`, `twin_numpy.NumpyTwin`) is where TF and NumPy
-differ: its array namespace (`ops`), how it makes state (`make`), its lock
-(`exclusive`), its random source (`draw`, `uniform`), how it refuses a
-runtime condition (`check`), what a checkpoint saves (`checkpoint_state`),
-and how calls reach its arrays (`add`, `get_next`, `sample_tensors`,
-`sample_dataset`, `snapshot`, `read_whole`, `update_priorities`, `num_frames`,
-`gather_all`, `clear`).
+Its backend (`twin_tf.TFTwin`, `twin_numpy.NumpyTwin`; the protocol is
+`backend.Backend`) is where TF and NumPy differ, in primitives only: the
+array namespace, how state is made, the lock, the random source, refusals,
+the consistent read, tracing, and the trackables a checkpoint saves (which
+`bind` returns and the buffer holds).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import sample, single_pass, specs
+from tfreplay._src import calls, sample, single_pass, specs
 from tfreplay._src import storage as storages
 from tfreplay._src.api import BufferInfo, ReplayBuffer, counter_dataset
 from tfreplay._src.checkpoint import layout as checkpoints
@@ -43,7 +41,7 @@ class Buffer(ReplayBuffer):
 
     Args:
       data_spec: a nest of `tf.TensorSpec`: one stored item (one row).
-      twin: a `TFTwin` (state in `tf.Variable`s) or a `NumpyTwin` (NumPy arrays), not shared.
+      twin: the backend: a `TFTwin` (state in `tf.Variable`s) or a `NumpyTwin` (NumPy arrays), not shared.
       batch_size: number of segments (parallel environments).
       max_length: rows per segment.
       storage: a storage factory, `storage.rows` or `storage.frames(history_len)`.
@@ -87,7 +85,6 @@ class Buffer(ReplayBuffer):
             object.__setattr__(self, "_twin", twin)
             self._num_segments, self._max_length = int(batch_size), int(max_length)
             self._window_shift, self._drop_remainder = window_shift, bool(drop_remainder)
-            twin.begin(self._num_segments, self._max_length)
             built = storage(self._data_spec, self._num_segments, self._max_length, twin.make, where)
             rule = _episode_rule(where, episode_rule, self._data_spec, self._leaf_paths)
             if sampler.within_episodes and rule is None:
@@ -118,7 +115,10 @@ class Buffer(ReplayBuffer):
             object.__setattr__(self, "_requests", _Requests())
             insert_size = self._num_segments if twin.lockstep else 1
             object.__setattr__(self, "_gate", Gate(rate_limiter, where, self._capacity, insert_size))
-            twin.checkpoint_state(self, self.checkpoint_layout(), self._gate, self._num_frames)
+            for name, trackable in twin.bind(
+                parts, self.checkpoint_layout(), self._gate, self._num_frames, where
+            ).items():
+                setattr(self, name, trackable)  # what a checkpoint saves, by the names it has always had
         except BaseException:
             twin.close()  # a twin that took a storage directory lets it go
             raise
@@ -148,10 +148,7 @@ class Buffer(ReplayBuffer):
         `priority ** alpha` (prioritized). A window's probability is its weight over this; a sharded
         service (`tfreplay.distributed`) weighs its shards by it."""
         req = self._sample_request("sampling_mass", None, num_steps, True, None)
-        twin, parts = self._twin, self._parts
-        return twin.exclusive(
-            lambda: parts.sampler.mass(parts.view(req.window, False, twin.draw, twin.uniform, twin.ops.read), num_steps)
-        )
+        return calls.mass(self._parts, self._twin, req.window, False, num_steps)
 
     def flush(self) -> None:
         """Makes every add so far durable: a NumPy buffer with a `storage_dir` writes its mapped files back and
@@ -218,24 +215,24 @@ class Buffer(ReplayBuffer):
         return sample.max_window(self._parts)
 
     def _num_frames(self) -> Any:
-        return self._twin.num_frames(self._parts)
+        return calls.num_frames(self._parts, self._twin)
 
     def _add_batch(self, items: Nest) -> Any:
-        return self._twin.add(self._parts, self._gate, "add_batch", self._data_spec, items)
+        return calls.add(self._parts, self._twin, self._gate, "add_batch", self._data_spec, items)
 
     def _sample(self, request: Request) -> tuple[Nest, BufferInfo]:
-        return self._twin.get_next(self._parts, self._gate, request)
+        return calls.get_next(self._parts, self._twin, self._gate, request)
 
     def _sample_tensors(self, request: Request) -> tuple[Nest, BufferInfo]:
-        return self._twin.sample_tensors(self._parts, self._gate, request)
+        return calls.sample_tensors(self._parts, self._twin, self._gate, request)
 
     def _sample_admitted(self, request: Request) -> tuple[Nest, BufferInfo]:
         """`get_next` inside a graph for a caller that holds the rate limiter's admission already (a fused train
         loop admits all its steps' samples at once, `train_loop.py`): drawn and refused alike, nothing waits."""
-        return self._twin.get_next(self._parts, _ADMITTED, request)
+        return calls.get_next(self._parts, self._twin, _ADMITTED, request)
 
     def _sample_dataset(self, request: Request, num_parallel_calls: int | None) -> tf.data.Dataset:
-        return self._twin.sample_dataset(self._parts, self._gate, request, counter_dataset(), num_parallel_calls)
+        return calls.sample_dataset(self._parts, self._twin, self._gate, request, counter_dataset(), num_parallel_calls)
 
     def _single_pass_dataset(self, request: Request, num_parallel_calls: int | None) -> tf.data.Dataset:
         return single_pass.dataset(
@@ -254,32 +251,28 @@ class Buffer(ReplayBuffer):
             return None
         n = request.num_steps if request.transform is None else request.n
 
-        def mass() -> Any:  # what the sampler would draw from, as `sampling_mass` (0: nothing)
-            view = parts.view(request.window, request.padded, twin.draw, twin.uniform, twin.ops.read)
-            return parts.sampler.mass(view, n)
-
         def check() -> None:
             # With a rate limiter the elements wait for items (and a closed buffer ends the dataset).
-            if gate.idle and float(twin.exclusive(mass)) <= 0:
+            if gate.idle and float(calls.mass(parts, twin, request.window, request.padded, n)) <= 0:
                 raise EmptyBufferError(sample.empty_message(parts, "as_dataset", request))
 
         return check
 
     def _gather_all(self) -> Nest:
-        return self._twin.gather_all(self._parts)
+        return calls.gather_all(self._parts, self._twin)
 
     def _clear(self) -> Any:
-        return self._twin.clear(self._parts)
+        return calls.clear(self._parts, self._twin)
 
     def _update_priorities(self, ids: Any, priorities: Any) -> Any:
-        return self._twin.update_priorities(self._parts, ids, priorities)
+        return calls.update_priorities(self._parts, self._twin, ids, priorities)
 
     def _append_sequence(self, where: str, items: Nest, segment: Any) -> None:
         """Appends items (a leading time axis, oldest first) to one segment (NumPy frame buffers)."""
         ok = isinstance(segment, (int, np.integer)) and not isinstance(segment, bool)
         if not ok or not 0 <= segment < self._num_segments:
             raise ValueError(f"{where}: segment ({segment!r}) must be an integer in [0, {self._num_segments}).")
-        self._twin.add(self._parts, self._gate, where, self._data_spec, items, segment=int(segment))
+        calls.add(self._parts, self._twin, self._gate, where, self._data_spec, items, segment=int(segment))
 
 
 class _Requests:

@@ -27,7 +27,7 @@ def check(parts: Parts, where: str, transform: Any, paths: tuple) -> None:
             "must mark episode boundaries: a scalar 'step_type' or bool 'first', 'terminated' or 'truncated' "
             "field, or an EpisodeRule naming them."
         )
-    by_path = getattr(parts.storage, "by_path", None)
+    by_path = parts.storage.by_path
     if by_path is None:
         raise ValueError(f"{where}: transform ({transform!r}) reads stored rows by path; use a row buffer.")
     missing = [p for p in paths if p not in by_path]

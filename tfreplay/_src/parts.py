@@ -49,6 +49,8 @@ class Parts:
     # TF-Agents' NumPy buffer does) answered with zeros.
     empty_note: str = ""
     zeros_when_empty: bool = False
+    # Views of the arrays themselves by `(window, padded)`: `cached_view`.
+    views: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def capacity(self) -> int:
@@ -80,6 +82,18 @@ class Parts:
             padded=padded,
             newest=read(self.newest) if padded and has_index else None,
         )
+
+    def cached_view(self, window: Shape | None, padded: bool, draw: Callable, uniform: Callable) -> View:
+        """`view` of the state arrays themselves, not read (a NumPy sample under the lock, where nothing moves,
+        or a TF update whose compiled op reads the counters' variable itself): made once per kind of window."""
+        view = self.views.get((window, padded))
+        if view is None:
+            view = self.views[window, padded] = self.view(window, padded, draw, uniform, _in_place)
+        return view
+
+
+def _in_place(array: Any) -> Any:
+    return array
 
 
 @dataclasses.dataclass(frozen=True)

@@ -134,7 +134,13 @@ def plan(parts: Parts, view: View, req: Request) -> tuple[Any, Any, Any, Any]:
     episode, their rows: `with_lookups`) and the ids are each window's first
     item's. Compiled planners (`compiled_windows.py`) return the same plan.
     """
-    read_plan, ids, probs, count = _plan(parts, view, req)
+    ops, layout = parts.ops, (parts.max_length, parts.num_segments)
+    segment, t, probs, count = parts.sampler.sample(view, req.size, req.num_steps if req.transform is None else req.n)
+    pos_at = parts.pos_at if parts.rule is not None else None
+    if req.transform is None:
+        step_rows, ids = ring.window_rows(segment, t, req.num_steps, *layout, ops)
+        return parts.storage.plan(segment, t, step_rows, req.num_steps, pos_at, ops), ids, probs, count
+    read_plan, ids = _transform_plan(parts, view, req, segment, t, pos_at)
     return with_lookups(parts, view, req, read_plan, ids), ids, probs, count
 
 
@@ -153,13 +159,9 @@ def rows_read(read_plan: Any, req: Request) -> Any:
     return read_plan[0]
 
 
-def _plan(parts: Parts, view: View, req: Request) -> tuple[Any, Any, Any, Any]:
+def _transform_plan(parts: Parts, view: View, req: Request, segment: Any, t: Any, pos_at: Any) -> tuple[Any, Any]:
+    """`(read plan, ids)` of a transform's windows starting at `t` of `segment`."""
     ops, layout, n = parts.ops, (parts.max_length, parts.num_segments), req.n
-    segment, t, probs, count = parts.sampler.sample(view, req.size, req.num_steps if req.transform is None else n)
-    pos_at = parts.pos_at if parts.rule is not None else None
-    if req.transform is None:
-        step_rows, ids = ring.window_rows(segment, t, req.num_steps, *layout, ops)
-        return parts.storage.plan(segment, t, step_rows, req.num_steps, pos_at, ops), ids, probs, count
     local = ops.window_ids(t, n)  # time-major in NumPy's memory: the mask and reads keep that layout
     step_rows, ids = ring.rows_of(local, segment[:, None], *layout), ring.local_to_rows(t, segment, *layout)[1]
     read_plan = parts.storage.plan(segment, t, step_rows, n, pos_at, ops)
@@ -170,15 +172,15 @@ def _plan(parts: Parts, view: View, req: Request) -> tuple[Any, Any, Any, Any]:
         if view.pos_at is not None and not req.steps:
             # Whole windows: `pos` is read with the items (`read`), not in the draw: in a compiled draw XLA on
             # CPU splits a gather from a large `pos` across threads.
-            return (read_plan, mask, step_rows), ids, probs, count
+            return (read_plan, mask, step_rows), ids
         if view.pos_at is not None:
             mask = mask & episodes.same_episode(view.pos_at(step_rows), ops)
     if not req.steps:
-        return (read_plan, mask), ids, probs, count
+        return (read_plan, mask), ids
     # Each window's last real step, and the rows of its first and last: fields read there alone.
     last = ops.sum(ops.to_int64(mask), 1) - 1
     last_rows = ring.rows_of(t + last, segment, *layout)
-    return (read_plan, mask, last, step_rows[:, 0], last_rows), ids, probs, count
+    return (read_plan, mask, last, step_rows[:, 0], last_rows), ids
 
 
 def compiled_plan(parts: Parts, segment: Any, t: Any, rows: Any, mask: Any, last: Any, last_rows: Any, req: Request):

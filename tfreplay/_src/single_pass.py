@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfreplay._src import episodes, ring, write
 from tfreplay._src.api import BufferInfo
+from tfreplay._src.backend import Backend
 from tfreplay._src.ops import TF_OPS
 from tfreplay._src.parts import Parts
 
@@ -25,7 +26,7 @@ _OVERWRITTEN = (
 
 def dataset(
     parts: Parts,
-    twin: Any,
+    backend: Backend,
     sample_batch_size: int | None,
     num_steps: int | None,
     num_parallel_calls: int | None,
@@ -38,8 +39,8 @@ def dataset(
     by side), `num_steps` items shifted by `window_shift`. Through the
     episode index: every valid window whose end is a multiple of `num_steps`
     into its episode, in `gather_all` order. An element is read whole
-    (`twin.read_whole`: under the NumPy twin's lock; by the TF twin without
-    waiting, read again if a write tore it), and if a writer has overwritten
+    (`Backend.consistent`: under the NumPy lock; by TF without waiting, read
+    again if a write tore it), and if a writer has overwritten
     any of its items since the pass began, reading it raises instead of
     pairing new items with old ids.
     """
@@ -50,19 +51,19 @@ def dataset(
                 f"as_dataset: sample_batch_size ({sample_batch_size}) must be at most batch_size "
                 f"({parts.num_segments}) with dataset_drop_remainder=True, or every batch is dropped."
             )
-        ds = _ring_pass(parts, twin, sample_batch_size, num_steps, window_shift, drop_remainder)
+        ds = _ring_pass(parts, backend, sample_batch_size, num_steps, window_shift, drop_remainder)
     else:
         n = num_steps or 1
         spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64))
         starts = tf.data.Dataset.range(1).flat_map(
             lambda _: tf.data.Dataset.from_tensor_slices(
-                twin.snapshot(parts, lambda: write.valid_starts(parts, n, True), spec, "as_dataset")
+                _snapshot(parts, backend, lambda: write.valid_starts(parts, n, True), spec)
             )
         )
         batched = starts.batch(sample_batch_size or 1, drop_remainder=bool(sample_batch_size) and drop_remainder)
         ds = batched.map(lambda s, t: (s, t, _pass_ids(parts, s, t, num_steps, single)))
     return ds.map(
-        lambda s, t, ids: _element(parts, twin, s, t, ids, num_steps, single), num_parallel_calls=num_parallel_calls
+        lambda s, t, ids: _element(parts, backend, s, t, ids, num_steps, single), num_parallel_calls=num_parallel_calls
     )
 
 
@@ -72,7 +73,7 @@ def _pass_ids(parts: Parts, segment: Any, t: Any, num_steps: int | None, single:
 
 
 def _ring_pass(
-    parts: Parts, twin: Any, sample_batch_size: int | None, num_steps: int | None, window_shift: Any, drop: bool
+    parts: Parts, backend: Backend, sample_batch_size: int | None, num_steps: int | None, window_shift: Any, drop: bool
 ) -> tf.data.Dataset:
     """`(segment, start, ids)` of ring windows, TF-Agents' order."""
     size, segments, shift = parts.max_length, parts.num_segments, window_shift or num_steps
@@ -96,9 +97,7 @@ def _ring_pass(
         return tf.data.Dataset.range(segments).batch(sample_batch_size, drop).flat_map(group)
 
     num_adds = tf.data.Dataset.range(1).map(
-        lambda _: twin.snapshot(
-            parts, lambda: parts.ops.read(parts.num_adds), tf.TensorSpec([segments], tf.int64), "as_dataset"
-        )
+        lambda _: _snapshot(parts, backend, lambda: parts.ops.read(parts.num_adds), tf.TensorSpec([segments], tf.int64))
     )
 
     def ids_of(s: tf.Tensor, local: tf.Tensor) -> tuple:
@@ -111,7 +110,9 @@ def _ring_pass(
     return num_adds.flat_map(index_dataset).map(ids_of)
 
 
-def _element(parts: Parts, twin: Any, segment: Any, t: Any, ids: Any, num_steps: int | None, single: bool) -> tuple:
+def _element(
+    parts: Parts, backend: Backend, segment: Any, t: Any, ids: Any, num_steps: int | None, single: bool
+) -> tuple:
     """Reads one element of the deterministic pass by its ids, checking none was overwritten since."""
     storage, outer = parts.storage, ids.shape.as_list()
 
@@ -137,8 +138,23 @@ def _element(parts: Parts, twin: Any, segment: Any, t: Any, ids: Any, num_steps:
         return ok, items, rows, num_adds
 
     out_specs = tf.nest.map_structure(lambda s: tf.TensorSpec(outer + s.shape.as_list(), s.dtype), storage.item_spec)
-    items = twin.read_whole(parts, read, [ids], out_specs, _OVERWRITTEN)
-    return items, BufferInfo(ids=ids, probabilities=())
+
+    def whole(ids: Any) -> Any:
+        ok, items = backend.consistent(parts, lambda: _whole_read(read(ids)), "as_dataset")
+        return backend.check(ok, items, _OVERWRITTEN)
+
+    return backend.as_tensors(whole, [ids], out_specs), BufferInfo(ids=ids, probabilities=())
+
+
+def _whole_read(read: tuple) -> tuple:
+    ok, items, rows, num_adds = read
+    return (ok, items), rows, num_adds
+
+
+def _snapshot(parts: Parts, backend: Backend, fn: Any, out_specs: Any) -> Any:
+    """`fn()` (reads of the state) from a call no write overlapped, as tensors (usable in a dataset map)."""
+    read = lambda: (fn(), (), None)  # noqa: E731
+    return backend.as_tensors(lambda: backend.consistent(parts, read, "as_dataset", strict=True), [], out_specs)
 
 
 def _still_live(parts: Parts, num_adds: Any, segment: Any, t: Any, n: int) -> Any:

@@ -11,16 +11,14 @@ through an `ops` namespace. Reading a sample takes two steps: `plan`, cheap
 index math (compiled with the draw), and `read`, the bulk copy.
 
 A buffer takes a storage *factory*, `factory(data_spec, num_segments,
-max_length, make, where) -> storage`: `rows` or `frames(history_len)`. A
-storage has `window` (what a window needs of the episode index),
-`history_len` (None for rows), `item_spec`, `nbytes`, `write`, `plan`,
-`read` and `read_steps`.
+max_length, make, where) -> storage`: `rows` or `frames(history_len)`. What
+a buffer asks of a storage is `Storage`.
 """
 
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol
 
 import tensorflow as tf
 
@@ -30,6 +28,46 @@ from tfreplay._src.specs import Nest
 _RESERVED = ("frame", "first")
 _STACKS = ("observation", "next_observation")
 Make = Callable[[str, list, tf.DType], Any]
+
+
+class Storage(Protocol):
+    """What a buffer asks of a storage.
+
+    Attributes:
+      window: what a window needs of the episode index (`lead` items before its first, `history` frames).
+      history_len: frames per stacked observation; None for rows.
+      item_spec: the spec of one sampled item.
+      nbytes: bytes of its arrays.
+      by_path: optional: each spec leaf's array by its path, where every leaf is stored as one array of rows
+        (what a transform's lookups read, `lookups.py`); None where items are assembled at read time (frames).
+    """
+
+    window: episodes.Shape
+    history_len: int | None
+    by_path: Mapping[str, Any] | None
+
+    @property
+    def item_spec(self) -> Nest: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def write(self, rows: Any, leaves: list, ops: Any) -> list:
+        """The updates that store `leaves` (flat, in spec order) at storage `rows`."""
+        ...
+
+    def plan(self, segment: Any, t: Any, step_rows: Any, num_steps: int | None, pos_at: Callable, ops: Any) -> Any:
+        """The read plan of windows at local ids `t` of `segment` whose steps are `step_rows`: index math only,
+        done with the draw."""
+        ...
+
+    def read(self, plan: Any, num_steps: int | None, ops: Any) -> Nest:
+        """The items of a read plan: the bulk copy."""
+        ...
+
+    def read_steps(self, plan: Any, steps: list, first_rows: Any, last: Any, last_rows: Any, ops: Any) -> Nest:
+        """Windows' items with each leaf read at its step only (`steps[i]`: "first", "last" or None)."""
+        ...
 
 
 def spec_nbytes(data_spec: Nest) -> int:
@@ -100,6 +138,7 @@ class FrameStorage:
         self.row_spec, self.frame_spec, self.extras_spec = dict(data_spec), frame, extras
         self.history_len = history_len
         self.window = episodes.Shape(lead=1, history=history_len)
+        self.by_path = None  # stacks are assembled at read time: no leaf array to look rows up in
         self.num_layout = (max_length, num_segments)
         num_rows = self.zero_row = max_length * num_segments
         self.frames = make("storage/frame", [num_rows + 1] + frame.shape.as_list(), frame.dtype)

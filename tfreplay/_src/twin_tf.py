@@ -1,4 +1,4 @@
-"""The TF twin: a buffer's state in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
+"""The TF backend: a buffer's state in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
 
 Writes run in one `tf.CriticalSection`; samples read without it, drawn again
 under it when a write may have torn them (`versioned.py`). XLA has no mutex:
@@ -6,24 +6,23 @@ under `jit_compile` the caller must not race (`TrainLoop` holds the lock
 around its compiled call, `locked_call`); XLA cannot raise either, so
 there an empty buffer's samples carry probability 0. Eager calls go through
 concrete functions traced once per kind of call. What a buffer asks of a
-twin is listed in `buffer.py`.
+backend is `backend.Backend`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
-from tfreplay._src import sample, specs, tracebacks, versioned, write
-from tfreplay._src.api import BufferInfo
+from tfreplay._src import calls, sample, tracebacks, versioned
 from tfreplay._src.checkpoint import staged, state
 from tfreplay._src.checkpoint.layout import LayoutState
 from tfreplay._src.ops import TF_OPS, under_xla
 from tfreplay._src.parts import Parts, Request
-from tfreplay._src.rate_limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
 
 
@@ -132,7 +131,7 @@ def variable_name(path: str) -> str:
 
 
 class TFTwin:
-    """Variables, lock and generator of one TF buffer, and how its calls reach them.
+    """The TF backend (`backend.Backend`): variables, a lock and a generator of one buffer.
 
     Args:
       scope: name scope of its variables and ops (any string).
@@ -154,7 +153,7 @@ class TFTwin:
         # Its own mutex: eagerly created sections otherwise share one, and every buffer would wait for all others.
         self.lock = tf.CriticalSection(name="lock", shared_name=f"tfreplay_lock_{uuid.uuid4().hex}")
         self.eager = EagerFunctions()
-        self.counters: versioned.Counters | None = None
+        self.counters: versioned.Counters | None = None  # made by `bind` (see `versioned.py`)
         self.staging = staged.Staging(check=lambda values: None)  # the buffer's check, once its parts exist
 
     def module_name(self, name: str | None) -> str:
@@ -162,19 +161,42 @@ class TFTwin:
         name = re.sub(r"\W", "_", self.scope)
         return name if name[:1].isalpha() or name[:1] == "_" else f"buffer_{name}"
 
-    # What the parts are made with.
     def make(self, name: str, shape: list, dtype: tf.DType) -> tf.Variable:
         """A zero-filled variable, part of the checkpoint."""
-        with tf.device(self.device), tf.name_scope(self.scope):
+        with self.placement():
             variable = staged.make(self.staging, tf.zeros(shape, dtype), variable_name(name))
         self.state[name] = variable
         return variable
+
+    def bind(self, parts: Parts, layout: dict, gate: Any, stored: Callable[[], Any], owner: str) -> dict:
+        """Makes the write counters (not saved: only their changes matter); returns what a `tf.train.Checkpoint`
+        saves, under the names format 1 gave them: the variables (the ring's and the index's also by their own
+        names), the generator and the layout record."""
+        with self.placement():
+            self.counters = versioned.Counters(parts.num_segments, parts.max_length)
+        trackables: dict = {"_state": dict(self.state), "_rng": self.rng, "_num_adds": parts.num_adds}
+        if parts.rule is not None:
+            trackables.update(_pos=parts.pos, _pos_counts=parts.pos_counts, _newest=parts.newest)
+        self.staging = staged.Staging(check=lambda values: state.check(parts, values))
+        checked = {**self.state, "random generator state": self.rng.state}
+        for variable in checked.values():
+            variable._staging = self.staging
+        record = LayoutState(layout, gate, stored, commit=lambda: self.staging.commit(checked))
+        record.staging = self.staging
+        return {**trackables, "_layout_record": record}
 
     def exclusive(self, fn: Callable[[], Any]) -> Any:
         return tf_exclusive(self.lock, fn)
 
     def locked_call(self, fn: Callable[[], Any]) -> Any:
+        """`fn()`, one call in a graph, holding the lock (see `locked_call`)."""
         return locked_call(self.lock, fn)
+
+    def changing(self, parts: Parts, fn: Callable[[], Any], num_new: int | None, segments: Any = None) -> Any:
+        """`fn()` between the write counters' two steps, which samples reading without the lock check."""
+        assert self.counters is not None
+        with self.placement():
+            return self.counters.counted(fn, num_new)
 
     # The generator's own draws as one op each: `Generator.uniform` spends eight ops (read-and-skip, then a
     # stateless draw) on the same numbers and the same state update. XLA's kernels of these ops draw other
@@ -214,13 +236,59 @@ class TFTwin:
             leaves[-1] = tf.identity(leaves[-1])
         return tf.nest.pack_sequence_as(value, leaves)
 
-    def view(self, parts: Parts, req: Request) -> Any:
-        return parts.view(req.window, req.padded, self.draw, self.uniform, TF_OPS.read)
+    def read(self, parts: Parts, req: Request) -> tuple:
+        """The versioned read (`versioned.py`): eagerly one traced call per kind of sample, whose refused draw
+        is rewound here; in a graph the rewind is an op (a function call, rarely taken), skipped under XLA."""
+        if tf.executing_eagerly():
+            items, info, count, before = self.eager.get(f"sample/{req.key}", lambda: self._unchecked(parts, req))()
+            found = count.numpy()
+            if found <= 0:  # a Python test: a graph assertion costs more than it
+                self.rng.state.assign(before)
+            return items, info, found
+        items, info, count, before = self._unchecked(parts, req)
+        if under_xla():
+            return items, info, count
+        with self.placement():
+            rewound = TF_OPS.rare(count > 0, lambda: tf.constant(True), lambda: self._rewind(before))
+        with tf.control_dependencies([rewound]):
+            return items, info, tf.identity(count)
 
-    def begin(self, num_segments: int, max_length: int) -> None:
-        """Makes what the layout decides, before the parts: the write counters (see `versioned.py`)."""
+    def _unchecked(self, parts: Parts, req: Request) -> tuple:
+        """`(items, BufferInfo, count, the generator's state before the draw)`, time-stacked."""
+        with self.placement():
+            before = self.rng.state.read_value()
+            with tf.control_dependencies([before]):
+                items, ids, probs, count = versioned.read(parts, self, req)
+        items, info = sample.package(items, ids, probs, req, TF_OPS, split=False)
+        return items, info, count, before
+
+    def _rewind(self, state: tf.Tensor) -> tf.Tensor:
+        """Puts the generator's state back (a refused sample draws nothing): same seed, same samples."""
+        with tf.control_dependencies([self.rng.state.assign(state)]):
+            return tf.constant(False)
+
+    def consistent(self, parts: Parts, fn: Callable[[], tuple], where: str, strict: bool = False) -> Any:
+        """Read without waiting on the lock, and again while a write tore it (`versioned.py`)."""
+        return versioned.consistent(parts, self, fn, where, strict)
+
+    def as_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
+        """`fn`'s own ops."""
+        return fn(*inputs)
+
+    def compile(self, key: str, fn: Callable, *signature: Any) -> Any:
+        """The concrete function of `fn` for `key`, traced on first use (`EagerFunctions`)."""
+        return self.eager.get(key, fn, *signature)
+
+    @contextlib.contextmanager
+    def placement(self) -> Iterator[None]:
+        """The variables' device and the scope: where the buffer's ops go."""
         with tf.device(self.device), tf.name_scope(self.scope):
-            self.counters = versioned.Counters(num_segments, max_length)
+            yield
+
+    def variables(self) -> tuple:
+        """The generator's state and the write counters (what a v1 graph initializes besides the state)."""
+        assert self.counters is not None
+        return (self.rng.state, *self.counters.variables())
 
     def flush(self) -> None:
         """Nothing to write: the state lives in variables (checkpoint them to keep it)."""
@@ -228,152 +296,6 @@ class TFTwin:
     def close(self) -> None:
         """Nothing to release."""
 
-    def checkpoint_state(self, buffer: Any, layout: dict, gate: Any, stored: Callable[[], Any]) -> None:
-        """Attaches what a `tf.train.Checkpoint` saves, under the names format 1 gave them: the variables (the
-        ring's and the index's also by their own names), the generator and the layout record. The write
-        counters are not saved (only their changes matter)."""
-        parts = buffer._parts
-        buffer._state = dict(self.state)
-        buffer._rng = self.rng
-        buffer._num_adds = parts.num_adds
-        if parts.rule is not None:
-            buffer._pos, buffer._pos_counts, buffer._newest = parts.pos, parts.pos_counts, parts.newest
-        self.staging = staged.Staging(check=lambda values: state.check(parts, values))
-        checked = {**self.state, "random generator state": self.rng.state}
-        for variable in checked.values():
-            variable._staging = self.staging
-        record = LayoutState(layout, gate, stored, commit=lambda: self.staging.commit(checked))
-        record.staging = self.staging
-        buffer._layout_record = record
-
-    def variables(self) -> tuple:
-        """The generator's state and the write counters (what a v1 graph initializes besides the state)."""
-        assert self.counters is not None
-        return (self.rng.state, *self.counters.variables())
-
-    # Calls.
-    def _write(self, parts: Parts, leaves: list) -> tf.Tensor:
-        assert self.counters is not None
-        counters = self.counters
-        with tf.device(self.device), tf.name_scope(self.scope):  # always traced
-            return locked_call(self.lock, lambda: counters.counted(lambda: write.write(parts, leaves, 1), 1))
-
-    def add(self, parts: Parts, gate: Any, where: str, data_spec: Nest, items: Nest, segment: Any = None) -> Any:
-        """Validates a batch, waits for the rate limiter, then writes it under the lock (eagerly: one traced
-        call per batch signature)."""
-        leaves, asserts = specs.validate_tensor_batch(where, data_spec, parts.leaf_paths, items, parts.num_segments)
-        n = parts.num_segments
-        if tf.executing_eagerly():
-            signature = [tf.TensorSpec(x.shape, x.dtype) for x in leaves]
-            run = self.eager.get("add", lambda leaves: self._write(parts, leaves), signature)
-            return gate.call(where, "insert", n, lambda: run(leaves))
-        with tf.control_dependencies(asserts):  # checked, then wait for the rate limiter, then lock and write
-            admitted = gate.admit_op(where, "insert", n)
-        with tf.control_dependencies(asserts + admitted):
-            return gate.settle_op(where, "insert", n, True, self._write(parts, leaves))
-
-    def _unchecked(self, parts: Parts, req: Request) -> tuple:
-        """`(items, BufferInfo, count of windows, the generator's state before the draw)`, time-stacked; the
-        caller refuses `count == 0` and puts that state back (a refused sample draws nothing)."""
-        with tf.device(self.device), tf.name_scope(self.scope):
-            before = self.rng.state.read_value()
-            with tf.control_dependencies([before]):
-                items, ids, probs, count = versioned.read(parts, self, req)
-        items, info = sample.package(items, ids, probs, req, TF_OPS, split=False)
-        return items, info, count, before
-
-    def get_next(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:
-        if not tf.executing_eagerly():
-            items, info = self.sample_tensors(parts, gate, req)
-        else:
-            # Eagerly the emptiness check is a Python test of the count: a graph assertion costs more than it.
-            items, info, count, before = self.eager.get(f"sample/{req.key}", lambda: self._unchecked(parts, req))()
-            if count.numpy() <= 0:
-                self.rng.state.assign(before)
-                raise EmptyBufferError(sample.empty_message(parts, "get_next", req))
-        return sample.split_steps(items, info, req, TF_OPS)
-
-    def sample_tensors(self, parts: Parts, gate: Any, req: Request) -> tuple[Nest, BufferInfo]:
-        """One time-stacked sample as graph tensors (a `get_next` in a graph, or a dataset element); with a
-        gate, an empty draw gives its admission back."""
-        items, info, count, before = self._unchecked(parts, req)
-        count = gate.settle_op("get_next", "sample", req.size, count > 0, count)  # refund if empty
-        if under_xla():  # nothing refused: an empty sample carries probability 0
-            return self.check(count > 0, (items, info), "")
-        with tf.name_scope(self.scope):
-            rewound = TF_OPS.rare(count > 0, lambda: tf.constant(True), lambda: self._rewind(before))
-            with tf.control_dependencies([rewound]):
-                return self.check(count > 0, (items, info), sample.empty_message(parts, "get_next", req))
-
-    def _rewind(self, state: tf.Tensor) -> tf.Tensor:
-        """Puts the generator's state back (a refused sample draws nothing): same seed, same samples."""
-        with tf.control_dependencies([self.rng.state.assign(state)]):
-            return tf.constant(False)
-
-    def sample_dataset(self, parts: Parts, gate: Any, req: Request, counter: tf.data.Dataset, parallel: Any) -> Any:
-        """Fresh samples, one drawn per element when the pipeline asks for it (so one read after an add sees
-        that add, as TF-Agents' tests rely on)."""
-        deterministic = None if parallel is None else False  # independent draws: deliver as they finish
-        return gate.ticks(counter, req.size).map(
-            lambda _: self.sample_tensors(parts, gate, req), num_parallel_calls=parallel, deterministic=deterministic
-        )
-
-    def snapshot(self, parts: Parts, fn: Callable[[], Any], out_specs: Nest, where: str) -> Nest:
-        """`fn()` (reads of the state) from a call no write overlapped: read again, never waiting on the lock."""
-        return versioned.snapshot(parts, self, fn, where)
-
-    def read_whole(self, parts: Parts, fn: Callable, inputs: list, out_specs: Nest, message: str) -> Nest:
-        """The items of `fn(*inputs) -> (ok, items, rows, num_adds)` no write tore (read again, never waiting on
-        the lock), once `ok` is checked."""
-        return versioned.read_whole(parts, self, fn, inputs, message)
-
-    def update_priorities(self, parts: Parts, ids: Any, priorities: Any) -> Any:
-        ids, priorities = tf.convert_to_tensor(ids), tf.convert_to_tensor(priorities)
-        write.priority_dtypes(ids.dtype, priorities.dtype)
-        ids, priorities = tf.cast(ids, tf.int64), tf.cast(priorities, tf.float64)
-        limit = parts.sampler.priority_limit
-        if tf.executing_eagerly():
-            write.check_priorities(ids.shape, priorities.shape, priorities.numpy(), limit)
-            shape = [None] * ids.shape.rank  # one trace for any number of ids
-            signature = (tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape, tf.float64))
-            return self.eager.get(f"update/{len(shape)}", lambda i, p: self._update(parts, i, p), *signature)(
-                ids, priorities
-            )
-        write.check_priorities(ids.shape, priorities.shape, None)
-        view = parts.view(parts.window, False, self.draw, self.uniform, lambda v: v)
-        stale = self._update(parts, ids, priorities)
-        if parts.sampler.checks_priorities(view):  # the compiled update raises on a bad priority itself
-            return stale
-        return self.check(stale >= 0, stale, write.PRIORITIES_RULE)  # -1: a bad priority, nothing written
-
-    def _update(self, parts: Parts, ids: tf.Tensor, priorities: tf.Tensor) -> tf.Tensor:
-        with tf.device(self.device), tf.name_scope(self.scope):
-            # A compiled update safe without the lock reads the counters' variable itself (a view of the variables).
-            unlocked = parts.view(parts.window, False, self.draw, self.uniform, lambda v: v)
-            fused = parts.sampler.unlocked_update(unlocked, ids, priorities)
-            if fused is not None:
-                return fused[1]
-
-            def locked() -> Any:
-                view = parts.view(parts.window, False, self.draw, self.uniform, TF_OPS.read)
-                return write.update_priorities(parts, view, ids, priorities)
-
-            return self.exclusive(locked)
-
-    def num_frames(self, parts: Parts) -> Any:
-        return tf.reduce_sum(tf.minimum(parts.num_adds.read_value(), parts.max_length))
-
-    def gather_all(self, parts: Parts) -> Nest:
-        return self.exclusive(lambda: write.gather_all(parts))
-
     def clear(self, parts: Parts, also: Callable[[], list] | None = None) -> Any:
-        """Empties the buffer under the lock (`also`: more updates first, e.g. zeroing rows); samples reading
-        without the lock learn of it from the write counters."""
-        assert self.counters is not None
-        counters = self.counters
-
-        def cleared() -> Any:
-            with tf.control_dependencies(also() if also is not None else []):
-                return write.clear(parts)
-
-        return self.exclusive(lambda: counters.counted(cleared, None))
+        """`calls.clear`, for callers that hold a backend rather than a buffer."""
+        return calls.clear(parts, self, also)

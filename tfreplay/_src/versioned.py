@@ -36,7 +36,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfreplay._src import sample as samples
-from tfreplay._src.ops import under_xla
+from tfreplay._src.ops import TF_OPS, under_xla
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.storage import spec_nbytes
 
@@ -98,7 +98,7 @@ class Counters:
 def read(parts: Parts, twin: Any, req: Request) -> tuple:
     """`(items, ids, probabilities, count)` of `req` (see the module docstring); `twin` is the `TFTwin`."""
     if under_xla():  # no lock and no concurrency
-        view = twin.view(parts, req)
+        view = parts.view(req.window, req.padded, twin.draw, twin.uniform, TF_OPS.read)
         read_plan, ids, probs, count = samples.plan(parts, view, req)
         return samples.read(parts, read_plan, req), ids, probs, count
     large = req.size * req.n * spec_nbytes(parts.storage.item_spec) >= UNLOCKED_READ_BYTES
@@ -112,7 +112,7 @@ def _draw_and_read(parts: Parts, twin: Any, req: Request) -> tuple:
     draw is one XLA-compiled function (its array ops would be a hundred small ones)."""
 
     def draw() -> tuple:
-        view = twin.view(parts, req)
+        view = parts.view(req.window, req.padded, twin.draw, twin.uniform, TF_OPS.read)
         return (*samples.plan(parts, view, req), view.num_adds)
 
     if req.window is not None:
@@ -140,30 +140,13 @@ def retried(parts: Parts, twin: Any, read: Callable[[], tuple], like: Any, where
     return twin.check(whole, outputs, TORN.format(where=where, attempts=MAX_ATTEMPTS))
 
 
-def snapshot(parts: Parts, twin: Any, fn: Callable[[], Any], where: str) -> Any:
-    """`fn()`'s outputs (reads of the buffer's state) from a call no write overlapped, drawn again while one
-    did (the deterministic pass reads which windows exist this way)."""
+def consistent(parts: Parts, twin: Any, fn: Callable[[], tuple], where: str, strict: bool) -> Any:
+    """The outputs of `fn() -> (outputs, rows read, num_adds as read)` from a call no write tore (`strict`: no
+    write overlapped it), drawn again while one did (the deterministic pass reads this way)."""
     if under_xla():
-        return fn()
-    read = lambda: (fn(), (), None)  # noqa: E731
-    whole, first = twin.counters.whole(parts, read, strict=True)
-    return unless_torn(whole, lambda: first, lambda: retried(parts, twin, read, first, where, strict=True))
-
-
-def read_whole(parts: Parts, twin: Any, fn: Callable[..., tuple], inputs: list, message: str) -> Any:
-    """The items of `fn(*inputs) -> (ok, items, rows read, num_adds as read)` from a call no write tore (read
-    again if one did), once `ok` is checked (`message` if not)."""
-    if under_xla():
-        ok, items, _, _ = fn(*inputs)
-        return twin.check(ok, items, message)
-
-    def read() -> tuple:
-        ok, items, rows, num_adds = fn(*inputs)
-        return (ok, items), rows, num_adds
-
-    whole, first = twin.counters.whole(parts, read, strict=False)
-    ok, items = unless_torn(whole, lambda: first, lambda: retried(parts, twin, read, first, "as_dataset"))
-    return twin.check(ok, items, message)
+        return fn()[0]
+    whole, first = twin.counters.whole(parts, fn, strict=strict)
+    return unless_torn(whole, lambda: first, lambda: retried(parts, twin, fn, first, where, strict=strict))
 
 
 def slack(parts: Parts, read_plan: Any, num_adds: tf.Tensor) -> tf.Tensor:

@@ -59,6 +59,35 @@ def check_priorities(ids_shape: Any, priorities_shape: Any, values: Any, limit: 
             )
 
 
+def numpy_priorities(ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A NumPy buffer's `update_priorities` arguments as int64 ids and float64 priorities; `TypeError` for graph
+    tensors, non-integer ids and non-numeric priorities, `ValueError` for ids past int64."""
+    arrays = []
+    for name, value in (("ids", ids), ("priorities", priorities)):
+        if isinstance(value, (tf.Tensor, tf.Variable)):
+            if not tf.executing_eagerly():
+                raise TypeError(
+                    f"update_priorities: {name} is a graph tensor; a NumPy buffer stores values, so call it eagerly "
+                    "(inside tf.function, use TFPrioritizedReplayBuffer)."
+                )
+            value = value.numpy()
+        arrays.append(np.asarray(value))
+    ids, values = arrays
+    if ids.dtype == object or values.dtype == object:  # Python ints past 64 bits, or mixed values
+        raise TypeError("update_priorities: ids and priorities must be numeric arrays (ids within int64).")
+    priority_dtypes(ids.dtype, values.dtype)
+    if ids.dtype == np.uint64 and ids.size and ids.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"update_priorities: ids ({int(ids.max())} among them) must be within int64.")
+    return ids.astype(np.int64, copy=False), values.astype(np.float64, copy=False)
+
+
+def tensor_priorities(ids: Any, priorities: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """A TF buffer's `update_priorities` arguments as int64 and float64 tensors (`TypeError` as `priority_dtypes`)."""
+    ids, priorities = tf.convert_to_tensor(ids), tf.convert_to_tensor(priorities)
+    priority_dtypes(ids.dtype, priorities.dtype)
+    return tf.cast(ids, tf.int64), tf.cast(priorities, tf.float64)
+
+
 def write(parts: Parts, leaves: list, num_new: int, segments: Any = None) -> Any:
     """Appends `num_new` items to each segment (or each of `segments`), oldest first; returns the counters.
 
