@@ -153,19 +153,21 @@ $(COMPAT_OPS): $(COMPAT_STAMP) $(KERNELS)
 	PYTHONPATH=$(CURDIR) $(COMPAT_PY) -m tfreplay.native build
 	touch $(COMPAT_OPS)
 
-# TF-Agents' own tests against tfreplay.compat (imports redirected by tests/compat/redirect.py), the interop
-# tests, then tfreplay's suite on TF 2.15, chosen by what TensorFlow's version can change: `-p tf_dependent`
-# (tests/compat/tf_dependent.py) deselects the tests that run only NumPy code (NumPy buffers called eagerly, the
-# memmap storage, fastrl, the Ray service, the API snapshot), and the run leaves out the slow tests and the parts
-# that do not run TensorFlow's graph code (the tutorials, the benchmarks' harness, packaging, Bazel) and the Reverb
-# shim's tests (`make test-reverb`): one pytest run, one summary line.
+# TF-Agents' own tests against tfreplay.compat (imports redirected by tests/compat/redirect.py), then the parts of
+# tfreplay's suite that meet what TensorFlow's version changes (COMPAT_TESTS): the interop tests, Keras 2, the TF
+# ops built against TF 2.15, the contract suite in every mode (eager, tf.function, as_dataset), checkpoints (the
+# golden ones included) and the compiled train loop. Feature tests (frames, transforms, hindsight, datasets) run
+# through these same paths and stay on current TensorFlow. `-p tf_dependent` (tests/compat/tf_dependent.py)
+# deselects the NumPy-only cases; the slow tests and the Reverb shim's (`make test-reverb`) stay out. One pytest
+# run, one summary line.
+COMPAT_TESTS = tests/compat tests/keras tests/native tests/library/test_contract.py tests/library/test_checkpoint.py \
+	tests/library/test_golden_checkpoints.py tests/library/test_restore_integrity.py tests/library/test_fused.py
 test-compat: $(COMPAT_OPS)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest $(PYTEST_LANE) -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
-		-p tf_dependent -k "not WithHashing" \
+		-p tf_dependent -k "not WithHashing" -m "not slow" --ignore=tests/compat/reverb \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
-		-m "not slow" --ignore=tests/tutorials --ignore=tests/benchmarks --ignore=tests/compat/reverb --ignore=tests/test_packaging.py \
-		--ignore=tests/test_bazel_build.py tests
+		$(COMPAT_TESTS)
 
 # The Reverb lane: TF-Agents' own Reverb tests (from the 0.19.0 wheel) against tfreplay.compat.reverb, `import reverb`
 # redirected by tests/compat/reverb_redirect.py: (a) in the compat venv (TF 2.15, where the real dm-reverb also

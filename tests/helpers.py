@@ -13,6 +13,8 @@ or from each other; `conftest.py` holds only fixtures.
   and the four NumPy ones again with their items in memory-mapped files (`storage_dir`).
 * `Api`: one buffer's methods eagerly, inside `tf.function`, or through
   `as_dataset` (`MODES`); it returns NumPy.
+* `quick`: which cases of a large parametrized matrix `make test` runs; the
+  others are marked `slow`, so `make test-slow` runs the rest of the matrix.
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ SPEC = {
     "done": tf.TensorSpec([], tf.bool),
     "id": tf.TensorSpec([], tf.int64),
 }
+
+
+def quick(values, *kept) -> list:
+    """`values` for `pytest.mark.parametrize`, with every value not in `kept` marked `slow`.
+
+    A matrix test (backends x modes x cases) keeps in `make test` the cases that cover its behaviour on each
+    backend once; the rest of the matrix runs in `make test-slow`, and CI runs both lanes.
+    """
+    missing = [k for k in kept if not any(k is v or k == v for v in values)]
+    if missing:
+        raise ValueError(f"quick: kept values {missing!r} must be among the parametrized values {values!r}")
+    return [v if any(v is k or v == k for k in kept) else pytest.param(v, marks=pytest.mark.slow) for v in values]
 
 
 def make_items(values) -> dict:

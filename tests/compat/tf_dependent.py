@@ -1,10 +1,11 @@
 """A pytest plugin (`-p tf_dependent`, `tests/compat` on the path): the TF 2.15 lane runs what TensorFlow's version
 can change.
 
-`make test` runs the whole suite on current TensorFlow. The compatibility lane runs it again on TF 2.15, and a
-test only earns its minutes there if TensorFlow runs inside it: TF buffers, graph modes (`tf.function`,
-`as_dataset`), checkpoints, Keras, the TF ops, TF-Agents interop. This plugin deselects the rest, by two rules
-stated once here and printed in the run's header:
+`make test` runs the whole suite on current TensorFlow. The compatibility lane runs the files that cover the paths
+TensorFlow's version changes (`COMPAT_TESTS` in the Makefile) on TF 2.15, and within them a test only earns its
+minutes if TensorFlow runs inside it: TF buffers, graph modes (`tf.function`, `as_dataset`), checkpoints, Keras,
+the TF ops, TF-Agents interop. This plugin deselects the rest, by two rules stated once here and printed in the
+run's header:
 
 1. A test parametrized only over NumPy buffers (a kind, variant or class whose id starts with `py`/`Py`) and run
    eagerly (no `mode`, or `mode == "eager"`) stores and samples NumPy arrays; its outcome does not depend on

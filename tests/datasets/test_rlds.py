@@ -8,6 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import quick
 
 import tfreplay
 
@@ -465,7 +466,7 @@ MALFORMED_RLDS = {
 }
 
 
-@pytest.fixture(params=["PyUniformReplayBuffer", "TFUniformReplayBuffer"])
+@pytest.fixture(params=quick(["PyUniformReplayBuffer", "TFUniformReplayBuffer"], "PyUniformReplayBuffer"))
 def prefilled(request, envlogger_dir):
     """A buffer that holds the 7 items of `envlogger_dir`, and what it holds."""
     if request.param == "PyUniformReplayBuffer":

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import tensorflow as tf
-from helpers import FRAME, Reference, XlaStacks, frame_of, make_stream, row, run_threads
+from helpers import FRAME, Reference, XlaStacks, frame_of, make_stream, quick, row, run_threads
 
 from tfreplay import PyFrameReplayBuffer, Sequences, TFFrameReplayBuffer, frame_data_spec, native
 
@@ -62,7 +62,7 @@ def test_samples_equal_the_reference_for_their_ids(twin, scenario):
     assert int(rb.num_frames()) == scenario[0] * min(scenario[1], scenario[3])
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", quick(TWINS, "tf", "py"))
 @pytest.mark.parametrize("num_steps", [2, 3])
 def test_windows_are_consecutive_steps_of_one_episode(twin, num_steps):
     rb, ref = filled(twin, 3, 12, 4, 40)
@@ -227,7 +227,7 @@ def test_draws_are_uniform_over_valid_windows(twin, num_steps):
     assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-3
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", quick([0, 1], 0))
 @pytest.mark.parametrize("twin", TWINS)
 def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, seed):
     """Windows of 5 steps among episodes of 0-8 steps: few candidates are valid,
@@ -254,7 +254,7 @@ def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, see
     assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-6, counts
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", quick(TWINS, "tf", "py"))
 def test_readers_racing_a_writer_through_wrap_around_get_whole_stacks(twin):
     # A ring of 12 rows: the writer keeps overwriting the oldest frames that
     # readers may be stacking. Every sample must equal the reference stack
@@ -359,7 +359,7 @@ def test_clear_empties_and_the_next_row_starts_an_episode(twin):
     Reference(streams, 12, 4).check(items, np.asarray(info.ids))
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", quick(TWINS, "tf", "py"))
 def test_empty_or_firsts_only_or_too_short_episodes_cannot_be_sampled(twin):
     rb = make_buffer(twin, 1, 10, 2)
     with pytest.raises(ValueError, match="holds no valid transition yet; add steps after each"):

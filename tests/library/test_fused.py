@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import KINDS, SPEC, make_items, run_threads, shared_buffer
+from helpers import KINDS, SPEC, make_items, quick, run_threads, shared_buffer
 
 import tfreplay
 from tfreplay import (
@@ -115,7 +115,7 @@ def fused_calls(loop, calls: int = 2):
 # --- the unfused loop's samples and results --------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", quick(list(CASES), "uniform", "uniform-sequences", "prioritized", "frame-n-step"))
 def test_fused_steps_draw_and_compute_what_separate_get_next_and_step_calls_do(case):
     """Eagerly, and with XLA where its draws are the eager ones (its arithmetic may round otherwise). One buffer
     serves the three runs, put back into its new state before each."""

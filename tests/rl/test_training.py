@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import quick
 
 from tfreplay import PyUniformReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 from tfreplay.rl import training
@@ -469,7 +470,7 @@ def test_the_n_step_transform_is_used_from_two_steps_on():
 # --- many train steps per call (DqnAgent.train_loop, a tfreplay.TrainLoop) ------------------------------
 
 
-@pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, TFPrioritizedReplayBuffer])
+@pytest.mark.parametrize("buffer_cls", quick([TFUniformReplayBuffer, TFPrioritizedReplayBuffer], TFUniformReplayBuffer))
 def test_the_agents_train_loop_runs_the_steps_of_separate_get_next_and_train_calls(buffer_cls):
     spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
     prioritized = buffer_cls is TFPrioritizedReplayBuffer
