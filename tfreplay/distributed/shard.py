@@ -268,7 +268,7 @@ class Shard:
         if meta is None:
             return
         path = os.path.join(self._dir, meta["prefix"])
-        try:  # the layout record is checked before anything is copied in (core/checkpoint.py)
+        try:  # the layout record is checked before anything is copied in (tfreplay/_src/checkpoint/layout.py)
             tf.train.Checkpoint(buffer=self._buffer).restore(path).expect_partial()
         except Exception:  # a shard that cannot reload starts empty: its claims then count everything as lost
             _log.exception("shard %d: could not reload %s; starting empty", self._index, path)
