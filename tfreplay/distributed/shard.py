@@ -8,7 +8,7 @@ store when large), never pickled Python objects of the library.
 
 Checkpoints: every `checkpoint_interval` seconds, if anything changed, a
 thread writes `tf.train.Checkpoint(buffer=...)` (the pickle-free format of
-`core/checkpoint.py`, written under the buffer's lock) to
+`tfreplay/_src/checkpoint/`, written under the buffer's lock) to
 `<state_dir>/shard-<i>/ckpt-<n>`, then replaces `latest.json`, which names it
 and holds the shard's counters as of that write. A restarted actor (Ray
 reruns the constructor) reloads it and starts the next *epoch*, kept in
