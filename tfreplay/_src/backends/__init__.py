@@ -29,6 +29,8 @@ these (`TFTwin.device`, `NumpyTwin.files`) belong to it alone.
 
 from __future__ import annotations
 
+# No global here may be named `tf` or `numpy`: importing the submodules `tf.py` and `numpy.py` binds those
+# names in this module to them.
 from typing import Any, Callable, ContextManager, Protocol
 
 from tfreplay._src.parts import Parts, Request
