@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time each name loads on first use (`__getattr__` below)
     from tfreplay._src.api import BufferInfo, ReplayBuffer
-    from tfreplay._src.episodes import EpisodeRule
+    from tfreplay._src.index.episodes import EpisodeRule
     from tfreplay._src.storage import frame_data_spec
     from tfreplay._src.train_loop import TrainLoop
     from tfreplay.buffers import (
@@ -79,7 +79,7 @@ __all__ = [
 # Where each public name lives (the seed adapters too: tensorpack's ExpReplay runs gymnasium environments).
 _LAZY = {
     **dict.fromkeys(("BufferInfo", "ReplayBuffer"), "tfreplay._src.api"),
-    "EpisodeRule": "tfreplay._src.episodes",
+    "EpisodeRule": "tfreplay._src.index.episodes",
     "frame_data_spec": "tfreplay._src.storage",
     "TrainLoop": "tfreplay._src.train_loop",
     **dict.fromkeys(

@@ -23,17 +23,17 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfreplay._src.backends.numpy import NumpyTwin, numpy_layout
+from tfreplay._src.backends.tf import TFTwin
 from tfreplay._src.buffer import Buffer
-from tfreplay._src.episodes import EpisodeRule
+from tfreplay._src.index.episodes import EpisodeRule
 from tfreplay._src.members import FRAME_MEMBERS, NUMPY_MEMBERS, TF_MEMBERS, update_priorities
-from tfreplay._src.rate_limiter import EmptyBufferError as EmptyBufferError  # what sampling nothing raises
-from tfreplay._src.rate_limiter import RateLimiter
+from tfreplay._src.rate_limiting.limiter import EmptyBufferError as EmptyBufferError  # what sampling nothing raises
+from tfreplay._src.rate_limiting.limiter import RateLimiter
 from tfreplay._src.samplers.prioritized import PrioritizedSampler
 from tfreplay._src.samplers.uniform import UniformSampler
 from tfreplay._src.specs import Nest
 from tfreplay._src.storage import frames
-from tfreplay._src.twin_numpy import NumpyTwin, numpy_layout
-from tfreplay._src.twin_tf import TFTwin
 
 
 class TFUniformReplayBuffer(Buffer):

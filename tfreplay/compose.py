@@ -20,12 +20,12 @@ sampler keeps priorities gets the public method by assignment,
 (`live_range`, `locate`, `local_to_rows`, `window_rows`; see their docstrings).
 """
 
+from tfreplay._src.backends.numpy import NumpyTwin
+from tfreplay._src.backends.tf import TFTwin
 from tfreplay._src.buffer import Buffer
+from tfreplay._src.index.ring import live_range, local_to_rows, locate, window_rows
 from tfreplay._src.members import FRAME_MEMBERS, update_priorities
-from tfreplay._src.ring import live_range, local_to_rows, locate, window_rows
 from tfreplay._src.storage import FrameStorage, RowStorage, frames, rows
-from tfreplay._src.twin_numpy import NumpyTwin
-from tfreplay._src.twin_tf import TFTwin
 
 __all__ = [
     "FRAME_MEMBERS",

@@ -8,7 +8,7 @@ admitted in time raises `RateLimitTimeoutError`. `RateLimiterInfo` is a
 snapshot of a limiter's counts (`limiter.info()`).
 """
 
-from tfreplay._src.rate_limiter import (
+from tfreplay._src.rate_limiting.limiter import (
     BufferClosedError,
     MinSize,
     RateLimiter,

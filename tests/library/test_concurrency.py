@@ -122,7 +122,7 @@ def test_tf_samples_show_the_items_their_ids_name_while_a_writer_wraps_around(si
 
     One writer adds payload == global id, so a whole sample's payloads equal its ids exactly: a row
     overwritten during the read shows the newer item (its id plus the capacity). 4,096 windows of two
-    items are over 256 KiB (`twin_tf.UNLOCKED_READ_BYTES`): read outside the lock; 64 are read inside."""
+    items are over 256 KiB (`backends/tf.py`: `UNLOCKED_READ_BYTES`): read outside the lock; 64 are read inside."""
     rb = make_buffer("tf", max_length=3)
     for k in range(2):
         rb.add_batch(make_items(k * ROWS + np.arange(ROWS)))

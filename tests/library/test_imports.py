@@ -157,6 +157,34 @@ def test_no_library_module_imports_the_rl_application():
     assert offenders == {}, "imports point down: the library must not import tfreplay.rl"
 
 
+def imported_names(path: pathlib.Path) -> list[str]:
+    """What a file imports, `from a import b` counted as `a.b` alone (`from tfreplay import native` is
+    `tfreplay.native`, not all of `tfreplay`)."""
+    package = path.relative_to(ROOT).parent.parts
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names += [f"{module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_the_array_code_imports_only_the_native_kernels_of_tfreplay():
+    # tfreplay/_src/arrays/ is the ground floor of the buffer's path: every part is written over its namespaces.
+    files = sorted((ROOT / "tfreplay" / "_src" / "arrays").glob("*.py"))
+    assert {p.stem for p in files} >= {"__init__", "ops", "kernels", "stacks"}
+    allowed = ("tfreplay.native", "tfreplay._src.arrays")
+    offenders = {
+        p.name: bad
+        for p in files
+        if (bad := [m for m in loaded(imported_names(p), ("tfreplay",)) if not loaded([m], allowed)])
+    }
+    assert offenders == {}, "tfreplay/_src/arrays/ imports nothing of tfreplay but tfreplay.native and itself"
+
+
 REVERB = "tfreplay.compat.reverb"
 REVERB_API = [f"{REVERB}.{m}" for m in ("client", "server", "tf_client", "trajectory_writer", "trajectory_dataset")]
 

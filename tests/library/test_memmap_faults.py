@@ -80,7 +80,7 @@ def stop(proc: subprocess.Popen) -> None:
 # The first buffer pauses after its files are made and before its first manifest: a second open must be
 # refused there without touching them (the pause is injected at the buffer's own attach step).
 FIRST = """
-import tfreplay._src.memmap as memmap
+import tfreplay._src.backends.memmap as memmap
 attach = memmap.MemmapFiles.attach
 def paused(self, *args, **kwargs):
     print("made", flush=True)

@@ -29,7 +29,7 @@ from tfreplay import (
     frame_data_spec,
     native,
 )
-from tfreplay._src.episodes import POS_BINS
+from tfreplay._src.index.episodes import POS_BINS
 from tfreplay.rl.drivers import Transition
 
 needs_kernel = pytest.mark.skipif(native.windows_library() is None, reason="no compiled window plan here")

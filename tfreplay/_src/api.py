@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 import tensorflow as tf
 
 from tfreplay._src import checked_dataset, specs
-from tfreplay._src.gate import Gate
+from tfreplay._src.rate_limiting.gate import Gate
 from tfreplay._src.specs import Nest
 
 

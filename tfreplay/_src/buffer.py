@@ -5,8 +5,8 @@ once at the boundary, keeps its parts (`parts.Parts`) and a cache of checked
 requests, and runs each call (`calls.py`, `single_pass.py`) over the pure
 functions of the parts that do the work (`write.py`, `sample.py`).
 
-Its backend (`twin_tf.TFTwin`, `twin_numpy.NumpyTwin`; the protocol is
-`backend.Backend`) is where TF and NumPy differ, in primitives only: the
+Its backend (`backends/tf.py`: `TFTwin`, `backends/numpy.py`: `NumpyTwin`; the protocol is
+`backends.Backend`) is where TF and NumPy differ, in primitives only: the
 array namespace, how state is made, the lock, the random source, refusals,
 the consistent read, tracing, and the trackables a checkpoint saves (which
 `bind` returns and the buffer holds).
@@ -23,11 +23,11 @@ from tfreplay._src import calls, sample, single_pass, specs
 from tfreplay._src import storage as storages
 from tfreplay._src.api import BufferInfo, ReplayBuffer, counter_dataset
 from tfreplay._src.checkpoint import layout as checkpoints
-from tfreplay._src.episodes import EpisodeRule
 from tfreplay._src.front_door import FrontDoor
-from tfreplay._src.gate import Gate
+from tfreplay._src.index.episodes import EpisodeRule
 from tfreplay._src.parts import Parts, Request, index_state
-from tfreplay._src.rate_limiter import EmptyBufferError
+from tfreplay._src.rate_limiting.gate import Gate
+from tfreplay._src.rate_limiting.limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
 
 # Requests remembered per buffer (a program's own few; a new transform object per call must not grow it).

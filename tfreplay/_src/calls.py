@@ -1,4 +1,4 @@
-"""A buffer's calls, written once over its backend's primitives (`backend.py`).
+"""A buffer's calls, written once over its backend's primitives (`backends/__init__.py`).
 
 Each function takes the buffer's parts, its backend and, where the rate
 limiter takes part, its gate. The work itself is the pure functions of the
@@ -19,10 +19,10 @@ import tensorflow as tf
 
 from tfreplay._src import sample, specs, write
 from tfreplay._src.api import BufferInfo
-from tfreplay._src.backend import Backend
-from tfreplay._src.ops import under_xla
+from tfreplay._src.arrays.ops import under_xla
+from tfreplay._src.backends import Backend
 from tfreplay._src.parts import Parts, Request
-from tfreplay._src.rate_limiter import EmptyBufferError
+from tfreplay._src.rate_limiting.limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
 
 # Dataset elements a NumPy buffer draws per `tf.numpy_function` call where draws are independent: the call costs

@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
-from tfreplay._src import ring
-from tfreplay._src.episodes import EpisodeRule
+from tfreplay._src import calls
+from tfreplay._src.index import ring
+from tfreplay._src.index.episodes import EpisodeRule
 from tfreplay._src.samplers import SamplerBase
 from tfreplay._src.specs import Nest
 
@@ -141,4 +142,4 @@ class FrontDoor:
         """Empties a TF rows buffer and zeroes its stored rows (TF-Agents' `clear_all_variables`)."""
         parts, twin = self._buffer._parts, self._buffer._twin
         zeroed = lambda: [v.assign(tf.zeros_like(v)) for v in parts.storage.arrays]  # noqa: E731
-        return twin.clear(parts, also=zeroed)
+        return calls.clear(parts, twin, also=zeroed)

@@ -6,9 +6,9 @@ episode rule and the ring's and index's state arrays (NumPy arrays or
 `tf.Variable`s). `Request` is one kind of sample (`get_next` or `as_dataset`
 arguments), checked and resolved when first asked for and then reused.
 
-Layout (see `ring.py`): `num_segments` segments of `max_length` rows;
+Layout (see `index/ring.py`): `num_segments` segments of `max_length` rows;
 `num_adds[s]` counts the items segment `s` received since the last clear.
-The episode index (`pos`, `pos_counts`, `newest`; see `episodes.py`) exists
+The episode index (`pos`, `pos_counts`, `newest`; see `index/episodes.py`) exists
 when items mark episode boundaries (`rule`).
 """
 
@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay._src import episodes
-from tfreplay._src.episodes import EpisodeRule, Shape
+from tfreplay._src.index import episodes
+from tfreplay._src.index.episodes import EpisodeRule, Shape
 from tfreplay._src.samplers import View
 
 
@@ -111,7 +111,7 @@ class Request:
       padded: windows may run past their episode's end (a transform's).
       steps: per leaf, the step a transform reads it at (`transform.leaf_steps`); empty: whole windows.
       key: names this kind of sample (traced functions are kept per key).
-      lookups: leaf paths the transform reads at one more step of each window's episode (`lookups.py`).
+      lookups: leaf paths the transform reads at one more step of each window's episode (`transforms/lookups.py`).
     """
 
     size: int
@@ -128,7 +128,7 @@ class Request:
 
 
 def index_state(make: Callable, num_segments: int, capacity: int) -> dict:
-    """The episode index's arrays (see `episodes.py`): `pos` per row, `pos_counts` and `newest` per segment.
+    """The episode index's arrays (see `index/episodes.py`): `pos` per row, `pos_counts` and `newest` per segment.
 
     `newest` keeps each segment's newest item's `[pos, ended]`: what a write continues from and what the
     padded-window rule reads, without gathering from the per-row arrays (XLA splits each gather from a large

@@ -1,7 +1,7 @@
 """The sample path, as pure functions of a buffer's parts: resolve a request, plan, read, package.
 
 `request` checks a kind of sample once. Under the lock (or inside a TF
-versioned read, `versioned.py`) `plan` has the sampler draw window starts
+versioned read, `backends/tf_versioned.py`) `plan` has the sampler draw window starts
 through a `View` and turns them into storage rows (with a transform: its
 windows' mask, and the rows of the steps it reads alone); `read` does the
 bulk copy. Outside the lock `package` applies the transform, drops the batch
@@ -15,11 +15,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfreplay._src import episodes, lookups, ring, specs
-from tfreplay._src import transform as transforms
+from tfreplay._src import specs
 from tfreplay._src.api import BufferInfo
+from tfreplay._src.index import episodes, ring
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.samplers import View
+from tfreplay._src.transforms import base as transforms
+from tfreplay._src.transforms import lookups
 
 
 def max_window(parts: Parts) -> int:
@@ -132,7 +134,7 @@ def plan(parts: Parts, view: View, req: Request) -> tuple[Any, Any, Any, Any]:
     padded), the plan carries their `[size, n]` mask (and where its fields are
     read at one step, those steps' rows; where it looks up other steps of the
     episode, their rows: `with_lookups`) and the ids are each window's first
-    item's. Compiled planners (`compiled_windows.py`) return the same plan.
+    item's. Compiled planners (`backends/numpy_windows.py`) return the same plan.
     """
     ops, layout = parts.ops, (parts.max_length, parts.num_segments)
     segment, t, probs, count = parts.sampler.sample(view, req.size, req.num_steps if req.transform is None else req.n)
@@ -145,12 +147,13 @@ def plan(parts: Parts, view: View, req: Request) -> tuple[Any, Any, Any, Any]:
 
 
 def with_lookups(parts: Parts, view: View, req: Request, read_plan: Any, ids: Any) -> Any:
-    """The read plan of windows with first items `ids`, and the rows of a transform's lookups (`lookups.py`)."""
+    """The read plan of windows with first items `ids`, and the rows a transform's lookups read
+    (`transforms/lookups.py`)."""
     return (read_plan, lookups.plan(parts, view, req, ids)) if req.lookups else read_plan
 
 
 def rows_read(read_plan: Any, req: Request) -> Any:
-    """The storage rows a read plan reads (a TF read is checked against writes to them: `versioned.py`)."""
+    """The storage rows a read plan reads (a TF read is checked against writes to them: `backends/tf_versioned.py`)."""
     if req.transform is None:
         return read_plan
     if req.lookups:

@@ -12,10 +12,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfreplay._src import episodes, ring, write
+from tfreplay._src import write
 from tfreplay._src.api import BufferInfo
-from tfreplay._src.backend import Backend
-from tfreplay._src.ops import TF_OPS
+from tfreplay._src.arrays.ops import TF_OPS
+from tfreplay._src.backends import Backend
+from tfreplay._src.index import episodes, ring
 from tfreplay._src.parts import Parts
 
 _OVERWRITTEN = (

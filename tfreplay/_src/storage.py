@@ -3,7 +3,7 @@
 `RowStorage` keeps one array per spec leaf, `[num_rows, *shape]`, and
 returns rows as they were written. `FrameStorage` keeps each frame of an
 Atari-style stream once and returns `observation`/`next_observation`
-history stacks assembled at read time (see `stacks.py`).
+history stacks assembled at read time (see `arrays/stacks.py`).
 
 A storage is twin-agnostic: its arrays come from the twin's `make(name,
 shape, dtype)` (`tf.Variable`s or NumPy arrays) and every operation goes
@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 import tensorflow as tf
 
-from tfreplay._src import episodes, ring, specs
+from tfreplay._src import specs
+from tfreplay._src.index import episodes, ring
 from tfreplay._src.specs import Nest
 
 _RESERVED = ("frame", "first")
@@ -39,7 +40,8 @@ class Storage(Protocol):
       item_spec: the spec of one sampled item.
       nbytes: bytes of its arrays.
       by_path: optional: each spec leaf's array by its path, where every leaf is stored as one array of rows
-        (what a transform's lookups read, `lookups.py`); None where items are assembled at read time (frames).
+        (what a transform's lookups read, `transforms/lookups.py`); None where items are assembled at read time
+        (frames).
     """
 
     window: episodes.Shape

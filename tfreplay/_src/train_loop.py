@@ -35,11 +35,11 @@ import tensorflow as tf
 from tfreplay import native
 from tfreplay._src import specs
 from tfreplay._src.api import BufferInfo
+from tfreplay._src.backends.tf import FlatCall
 from tfreplay._src.buffer import Buffer
 from tfreplay._src.front_door import FrontDoor
-from tfreplay._src.rate_limiter import EmptyBufferError
+from tfreplay._src.rate_limiting.limiter import EmptyBufferError
 from tfreplay._src.specs import Nest
-from tfreplay._src.twin_tf import FlatCall
 
 _log = logging.getLogger("tfreplay")
 _METRICS = ("last", "mean", "stack")

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import episodes, ring
-from tfreplay._src.ops import NUMPY_OPS
+from tfreplay._src.arrays.ops import NUMPY_OPS
+from tfreplay._src.index import episodes, ring
 from tfreplay._src.parts import Parts
 
 PRIORITIES_RULE = (

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tfreplay._src import specs
 from tfreplay._src.api import ReplayBuffer
-from tfreplay._src.rate_limiter import BufferClosedError
+from tfreplay._src.rate_limiting.limiter import BufferClosedError
 from tfreplay._src.specs import Nest
 from tfreplay._src.write import check_priorities
 from tfreplay.distributed import ids as service_ids

@@ -2,7 +2,7 @@
 
 `start_service(..., rate_limiter=SampleToInsertRatio(...))` does not give
 each shard a limiter: it starts one `ServiceLimiter` actor holding the same
-rule (`core/rate_limiter.py`) over the service's capacity. A client asks it
+rule (`tfreplay/_src/rate_limiting/limiter.py`) over the service's capacity. A client asks it
 to admit each send of rows, or each sample request, *as a task*: the
 admission's ObjectRef is an argument of the shard call, so Ray runs the
 call once the limiter admitted it, and the client never blocks on an extra
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfreplay._src.rate_limiter import RateLimiter
+from tfreplay._src.rate_limiting.limiter import RateLimiter
 
 _WHERE = {"insert": "add_batch", "sample": "get_next"}
 

@@ -8,7 +8,7 @@ store when large), never pickled Python objects of the library.
 
 Checkpoints: every `checkpoint_interval` seconds, if anything changed, a
 thread writes `tf.train.Checkpoint(buffer=...)` (the pickle-free format of
-`core/checkpoint.py`, written under the buffer's lock) to
+`tfreplay/_src/checkpoint/`, written under the buffer's lock) to
 `<state_dir>/shard-<i>/ckpt-<n>`, then replaces `latest.json`, which names it
 and holds the shard's counters as of that write. A restarted actor (Ray
 reruns the constructor) reloads it and starts the next *epoch*, kept in
@@ -268,7 +268,7 @@ class Shard:
         if meta is None:
             return
         path = os.path.join(self._dir, meta["prefix"])
-        try:  # the layout record is checked before anything is copied in (core/checkpoint.py)
+        try:  # the layout record is checked before anything is copied in (tfreplay/_src/checkpoint/layout.py)
             tf.train.Checkpoint(buffer=self._buffer).restore(path).expect_partial()
         except Exception:  # a shard that cannot reload starts empty: its claims then count everything as lost
             _log.exception("shard %d: could not reload %s; starting empty", self._index, path)

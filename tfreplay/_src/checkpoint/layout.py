@@ -35,7 +35,7 @@ value and this buffer's value, and the buffer stays as it was.
 
 The record written also carries the rate limiter's counts (`rate_limiter`:
 `{"inserts", "samples", "size"}`, or null without a limiter; see
-`rate_limiter.py`). They are no layout field: any buffer restores them
+`rate_limiting/limiter.py`). They are no layout field: any buffer restores them
 (one without a limiter drops them), they are checked with the record (plain
 non-negative integers, `size` at most `inserts` and the capacity) and put
 back once the items are: a NumPy buffer's in the same locked copy, a TF
@@ -53,8 +53,9 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay._src import episodes, specs
+from tfreplay._src import specs
 from tfreplay._src.checkpoint.after_restore import AfterRestore
+from tfreplay._src.index import episodes
 from tfreplay._src.specs import Nest
 
 FORMAT_VERSION = 1

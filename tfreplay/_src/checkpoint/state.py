@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tfreplay._src import episodes
+from tfreplay._src.index import episodes
 from tfreplay._src.samplers import refuse
 
 # Local ids stay below this per segment, so global ids (`local * num_segments + segment`) stay far from int64's end.

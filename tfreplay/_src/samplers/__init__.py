@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from tfreplay._src.episodes import Shape
+from tfreplay._src.index.episodes import Shape
 
 Make = Callable[[str, list, Any], Any]
 
@@ -38,7 +38,7 @@ def refuse(entry: str, value: Any, rule: str) -> ValueError:
 @dataclasses.dataclass
 class View:
     """What a sampler may read: taken under the buffer's lock, or by a TF sample without it, which the write
-    counters check afterwards (`versioned.py`).
+    counters check afterwards (`backends/tf_versioned.py`).
 
     `window` is None when episodes do not matter (plain ring windows);
     otherwise windows are drawn through the episode index (`pos_at`,

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import episodes, ring
+from tfreplay._src.index import episodes, ring
 from tfreplay._src.samplers import Make, SamplerBase, View, refuse
 from tfreplay._src.samplers.sum_tree import LAYOUT, SumTree
 

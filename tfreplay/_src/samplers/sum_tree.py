@@ -12,7 +12,7 @@ over the whole batch. (A binary tree's 1M-row descent missed the cache at each
 of 20 levels; this one has 7.)
 
 Both loops run in compiled code where the twin's namespace has a kernel for
-the tree (`ops.sum_tree_kernel`, see `kernels.py`), else in array ops. The two
+the tree (`ops.sum_tree_kernel`, see `arrays/kernels.py`), else in array ops. The two
 paths do the same float operations in the same order, so they build
 bit-identical trees and draw the same rows.
 """
@@ -140,6 +140,6 @@ class SumTree:
         )
 
     def lock_free(self, ops: Any) -> bool:
-        """Whether the compiled ring update here needs no buffer lock (see `kernels.py`)."""
+        """Whether the compiled ring update here needs no buffer lock (see `arrays/kernels.py`)."""
         kernel = self.kernel(ops)
         return kernel is not None and kernel.lock_free

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfreplay._src import episodes, ring
+from tfreplay._src.index import episodes, ring
 from tfreplay._src.samplers import SamplerBase, View
 
 # Candidates per sample and round, and rounds before the exact (scanning) draw.

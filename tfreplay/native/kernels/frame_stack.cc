@@ -8,7 +8,7 @@
 // word (4 uint8 frames do), as that word, built with shifts and ors.
 //
 // Inputs: `frames`, a resource variable [num_rows, *frame_shape] of dtype T;
-// `rows`, int64 [batch, history_len + num_steps], as `FrameStorage.plan` (tfreplay/core/storage.py)
+// `rows`, int64 [batch, history_len + num_steps], as `FrameStorage.plan` (tfreplay/_src/storage.py)
 // returns. Outputs: observation and next observation, each
 // [batch, (num_steps,) *frame_shape, history_len]; without `time_axis`,
 // num_steps must be 1 and has no axis. The variable is read under its shared

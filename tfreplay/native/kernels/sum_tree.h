@@ -1,5 +1,5 @@
 // The sum tree's loops, shared by the plain C library (sum_tree.cc, called from NumPy through ctypes) and
-// the TF ops (sum_tree_ops.cc). tfreplay/core/samplers/sum_tree.py runs the same arithmetic with array ops, in
+// the TF ops (sum_tree_ops.cc). tfreplay/_src/samplers/sum_tree.py runs the same arithmetic with array ops, in
 // the same order, so both paths give bit-identical trees and draws.
 //
 // Layout: `tree` holds 2 * leaves doubles (leaves a power of two) and row r's leaf is node leaves + r. Node 1
@@ -147,7 +147,7 @@ class Divisor {
   int shift_;
 };
 
-// Ring windows (no episode index, see tfreplay/core/ring.py): draws `size` leaves, at targets
+// Ring windows (no episode index, see tfreplay/_src/index/ring.py): draws `size` leaves, at targets
 // ((b + uniform[b]) / size) * tree[1] (stratified) or uniform[b] * tree[1], and for each its segment, the live
 // id `t` stored there, its leaf value and whether a window of `num_steps` starts there (inside the live range,
 // leaf > 0). As PrioritizedSampler._draw computes it; returns whether a window starts at every draw. `node`

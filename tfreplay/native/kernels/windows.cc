@@ -1,10 +1,10 @@
 // The NumPy twin's window plan for transforms (n-step returns, sequences), with a plain C ABI for ctypes; no TF
-// dependency. core/sample_path.py (with samplers/uniform.py and episodes.py) computes the same with array ops
-// (the fallback, and the TF twin); core/native_windows.py calls these. Both give the same samples from the same
-// random draws.
+// dependency. tfreplay/_src/sample.py (with samplers/uniform.py and index/episodes.py) computes the same with
+// array ops (the fallback, and the TF twin); tfreplay/_src/backends/numpy_windows.py calls these. Both give the
+// same samples from the same random draws.
 //
-// Layout (core/ring.py): segment s's local id i lives in row (i mod max_length) * num_segments + s. A `[B, n]`
-// plan is written time-major, `[n, B]` in memory, as the NumPy path lays it out.
+// Layout (tfreplay/_src/index/ring.py): segment s's local id i lives in row (i mod max_length) * num_segments
+// + s. A `[B, n]` plan is written time-major, `[n, B]` in memory, as the NumPy path lays it out.
 
 #include <algorithm>
 #include <cstdint>

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from tfreplay._src.rate_limiter import check_rate, is_number
+from tfreplay._src.rate_limiting.limiter import check_rate, is_number
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tfreplay._src.ops import NUMPY_OPS
+from tfreplay._src.arrays.ops import NUMPY_OPS
 from tfreplay._src.samplers.sum_tree import SumTree
 
 

@@ -29,7 +29,7 @@ stored and starts another episode, or an end field marks it), never when
 the window runs past the write head of an unfinished episode. Those are
 only the newest `min(n - 1, drawable items of the newest episode)` items of
 a segment, so padded windows are counted and drawn without a scan.
-The functions take an `ops` namespace (`core.ops`).
+The functions take an `ops` namespace (`arrays/ops.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from tfreplay._src import ring
+from tfreplay._src.index import ring
 
 # pos saturates here, so a never-ending episode cannot overflow int32.
 POS_CAP = 2**30

@@ -15,14 +15,15 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import compiled_windows, sample, specs
+from tfreplay._src import sample, specs
+from tfreplay._src.arrays.ops import NUMPY_OPS
+from tfreplay._src.backends import numpy_windows
+from tfreplay._src.backends.memmap import MemmapFiles
+from tfreplay._src.backends.tf import resolve_seed
 from tfreplay._src.checkpoint import state
 from tfreplay._src.checkpoint.numpy_state import NumpyState
-from tfreplay._src.memmap import MemmapFiles
-from tfreplay._src.ops import NUMPY_OPS
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.specs import Nest
-from tfreplay._src.twin_tf import resolve_seed
 
 _UNSET = object()
 
@@ -61,7 +62,7 @@ class NumpyTwin:
     Args:
       seed: of the sampling generator (`np.random.default_rng`); None: TF's global seed if set.
       lockstep: each add holds one item per segment (`batch_size` rows); False: one ring, any number of rows.
-      storage_dir: a directory for the items as memory-mapped files (see `memmap.py`): a new or empty one,
+      storage_dir: a directory for the items as memory-mapped files (see `backends/memmap.py`): a new or empty one,
         or one a buffer of the same layout flushed, which it resumes. None: items in RAM.
     """
 
@@ -166,7 +167,7 @@ class NumpyTwin:
         """`sample.plan` of windows through the index or padded ones, planned in compiled code; None where only
         the array-op path plans them, or without the library."""
         if self._planner is _UNSET:
-            self._planner = compiled_windows.planner(parts)
+            self._planner = numpy_windows.planner(parts)
         return None if self._planner is None else self._planner.plan(parts, req, self.draw, lambda: view)
 
     def consistent(self, parts: Parts, fn: Callable[[], tuple], where: str, strict: bool = False) -> Any:

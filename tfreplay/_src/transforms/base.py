@@ -12,6 +12,7 @@ import abc
 import collections.abc
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfreplay._src.specs import Nest
@@ -129,3 +130,10 @@ def _replace(items: Any, values: dict) -> Any:
     if isinstance(items, collections.abc.Mapping):
         return {**items, **values}
     return items._replace(**values)
+
+
+def _check_int(where: str, name: str, value: Any, least: int) -> None:
+    """Raises unless `value` is an int (not a bool) of at least `least`: a transform's count argument."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least:
+        rule = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ValueError(f"{where}: {name} ({value!r}) must be {rule}.")

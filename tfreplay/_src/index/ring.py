@@ -8,7 +8,7 @@ last clear. Item `i` of segment `s` (its *local id*) lives in storage row
 `BufferInfo.ids`, is `i * num_segments + s`: the insertion order across the
 whole buffer when segments advance together.
 
-The functions take an `ops` namespace (`core.ops`), so the same arithmetic
+The functions take an `ops` namespace (`arrays/ops.py`), so the same arithmetic
 runs on NumPy arrays and on tensors (in graphs and under XLA).
 """
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfreplay._src import specs
 from tfreplay._src.specs import Nest
-from tfreplay._src.transform import Lookup, Span, Transform, _fields
+from tfreplay._src.transforms.base import Lookup, Span, Transform, _fields
 
 STRATEGIES = ("future", "final", "episode")
 

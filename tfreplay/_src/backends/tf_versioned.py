@@ -36,7 +36,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from tfreplay._src import sample as samples
-from tfreplay._src.ops import TF_OPS, under_xla
+from tfreplay._src.arrays.ops import TF_OPS, under_xla
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.storage import spec_nbytes
 

@@ -24,9 +24,10 @@ from typing import Any, Callable
 import numpy as np
 
 from tfreplay import native
-from tfreplay._src import ring, sample
-from tfreplay._src.episodes import POS_BINS, Shape
-from tfreplay._src.ops import NUMPY_OPS
+from tfreplay._src import sample
+from tfreplay._src.arrays.ops import NUMPY_OPS
+from tfreplay._src.index import ring
+from tfreplay._src.index.episodes import POS_BINS, Shape
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.samplers import View
 from tfreplay._src.samplers.uniform import _CANDIDATES, _ROUNDS
@@ -41,7 +42,7 @@ class WindowPlanner:
       num_adds: the ring's counters (`[num_segments]` int64); this and the index's arrays are read in place
         (under the buffer's lock) and never replaced (a restore copies into them).
       max_length: rows per segment.
-      index: the episode index's `(pos, newest, pos_counts)` (see `core/episodes.py`), or None without one.
+      index: the episode index's `(pos, newest, pos_counts)` (see `index/episodes.py`), or None without one.
       sampler: the buffer's bound sampler; if it `draws_uniformly`, its draws through the index are compiled too.
       window: the storage's window shape (`Shape()` for rows: no lead, no history).
     """

@@ -1,6 +1,6 @@
 """A buffer's side of its rate limiter: eager calls, graph ops, dataset ticks, `close()` and checkpoints.
 
-Every buffer has a `Gate`, with a limiter (`core/rate_limiter.py`) or without
+Every buffer has a `Gate`, with a limiter (`limiter.py`) or without
 (then it only keeps the closed flag). Whatever the mode, the wait happens in
 Python before the buffer's lock is taken, and the call's items settle after
 the locked op: eagerly at its end (still under the lock where the twin
@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src.ops import under_xla
-from tfreplay._src.rate_limiter import BufferClosedError, RateLimiter
+from tfreplay._src.arrays.ops import under_xla
+from tfreplay._src.rate_limiting.limiter import BufferClosedError, RateLimiter
 
 
 def _run(fn: Callable[[], Any]) -> Any:

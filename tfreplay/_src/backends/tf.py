@@ -1,7 +1,7 @@
 """The TF backend: a buffer's state in `tf.Variable`s, usable eagerly, in `tf.function` and under XLA.
 
 Writes run in one `tf.CriticalSection`; samples read without it, drawn again
-under it when a write may have torn them (`versioned.py`). XLA has no mutex:
+under it when a write may have torn them (`tf_versioned.py`). XLA has no mutex:
 under `jit_compile` the caller must not race (`TrainLoop` holds the lock
 around its compiled call, `locked_call`); XLA cannot raise either, so
 there an empty buffer's samples carry probability 0. Eager calls go through
@@ -18,10 +18,11 @@ from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
-from tfreplay._src import calls, sample, tracebacks, versioned
+from tfreplay._src import sample, tracebacks
+from tfreplay._src.arrays.ops import TF_OPS, under_xla
+from tfreplay._src.backends import tf_versioned
 from tfreplay._src.checkpoint import staged, state
 from tfreplay._src.checkpoint.layout import LayoutState
-from tfreplay._src.ops import TF_OPS, under_xla
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.specs import Nest
 
@@ -153,7 +154,7 @@ class TFTwin:
         # Its own mutex: eagerly created sections otherwise share one, and every buffer would wait for all others.
         self.lock = tf.CriticalSection(name="lock", shared_name=f"tfreplay_lock_{uuid.uuid4().hex}")
         self.eager = EagerFunctions()
-        self.counters: versioned.Counters | None = None  # made by `bind` (see `versioned.py`)
+        self.counters: tf_versioned.Counters | None = None  # made by `bind` (see `tf_versioned.py`)
         self.staging = staged.Staging(check=lambda values: None)  # the buffer's check, once its parts exist
 
     def module_name(self, name: str | None) -> str:
@@ -173,7 +174,7 @@ class TFTwin:
         saves, under the names format 1 gave them: the variables (the ring's and the index's also by their own
         names), the generator and the layout record."""
         with self.placement():
-            self.counters = versioned.Counters(parts.num_segments, parts.max_length)
+            self.counters = tf_versioned.Counters(parts.num_segments, parts.max_length)
         trackables: dict = {"_state": dict(self.state), "_rng": self.rng, "_num_adds": parts.num_adds}
         if parts.rule is not None:
             trackables.update(_pos=parts.pos, _pos_counts=parts.pos_counts, _newest=parts.newest)
@@ -237,7 +238,7 @@ class TFTwin:
         return tf.nest.pack_sequence_as(value, leaves)
 
     def read(self, parts: Parts, req: Request) -> tuple:
-        """The versioned read (`versioned.py`): eagerly one traced call per kind of sample, whose refused draw
+        """The versioned read (`tf_versioned.py`): eagerly one traced call per kind of sample, whose refused draw
         is rewound here; in a graph the rewind is an op (a function call, rarely taken), skipped under XLA."""
         if tf.executing_eagerly():
             items, info, count, before = self.eager.get(f"sample/{req.key}", lambda: self._unchecked(parts, req))()
@@ -258,7 +259,7 @@ class TFTwin:
         with self.placement():
             before = self.rng.state.read_value()
             with tf.control_dependencies([before]):
-                items, ids, probs, count = versioned.read(parts, self, req)
+                items, ids, probs, count = tf_versioned.read(parts, self, req)
         items, info = sample.package(items, ids, probs, req, TF_OPS, split=False)
         return items, info, count, before
 
@@ -268,8 +269,8 @@ class TFTwin:
             return tf.constant(False)
 
     def consistent(self, parts: Parts, fn: Callable[[], tuple], where: str, strict: bool = False) -> Any:
-        """Read without waiting on the lock, and again while a write tore it (`versioned.py`)."""
-        return versioned.consistent(parts, self, fn, where, strict)
+        """Read without waiting on the lock, and again while a write tore it (`tf_versioned.py`)."""
+        return tf_versioned.consistent(parts, self, fn, where, strict)
 
     def as_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn`'s own ops."""
@@ -295,7 +296,3 @@ class TFTwin:
 
     def close(self) -> None:
         """Nothing to release."""
-
-    def clear(self, parts: Parts, also: Callable[[], list] | None = None) -> Any:
-        """`calls.clear`, for callers that hold a backend rather than a buffer."""
-        return calls.clear(parts, self, also)

@@ -1,6 +1,6 @@
 """The compiled sum tree behind one interface per twin: ctypes calls on NumPy arrays, TF ops on a variable.
 
-`ops.sum_tree_kernel(array)` (`core.ops`) returns one of these, or None where
+`ops.sum_tree_kernel(array)` (`arrays/ops.py`) returns one of these, or None where
 no compiled code runs (no library, a variable off the CPU, inside XLA); the
 sum tree (`samplers/sum_tree.py`) then runs the same arithmetic in array ops.
 Both adapters take and return the same things, so the tree is written once.

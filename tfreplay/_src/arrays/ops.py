@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from tfreplay import native
-from tfreplay._src import kernels, stacks
+from tfreplay._src.arrays import kernels, stacks
 
 try:  # XLA has no mutex op and cannot raise: the twins check this to skip locks and assertions.
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph

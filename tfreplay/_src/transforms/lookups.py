@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfreplay._src import episodes, ring
+from tfreplay._src.index import episodes, ring
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.samplers import View
-from tfreplay._src.transform import Lookup, Span
+from tfreplay._src.transforms.base import Lookup, Span
 
 
 def check(parts: Parts, where: str, transform: Any, paths: tuple) -> None:

@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfreplay._src import memmap_disk as disk
-from tfreplay._src import ring
+from tfreplay._src.backends import memmap_disk as disk
 from tfreplay._src.checkpoint import state
 from tfreplay._src.checkpoint.layout import check_layout, limiter_counts, parse_json
 from tfreplay._src.checkpoint.numpy_state import _like, _plain, _rng_state
+from tfreplay._src.index import ring
 
 MANIFEST = disk.MANIFEST
 _KIND = "tfreplay-memmap"

@@ -1,5 +1,11 @@
 """Backends: where a buffer's state lives and how it is reached, as primitives the buffer's paths call.
 
+This module declares the protocol, `Backend`; the rest of the folder implements it: `tf.py` with its torn-read
+check `tf_versioned.py`, `numpy.py` with its compiled window planner `numpy_windows.py`, and the NumPy
+backend's memory-mapped files (`memmap.py`, `memmap_disk.py`). The backends import the parts, the sample
+path, the checkpoint records and the rooms below; never the calls written over them (`calls.py`,
+`single_pass.py`), which import this protocol alone.
+
 A buffer is given a backend (`TFTwin`: `tf.Variable`s; `NumpyTwin`: NumPy
 arrays) and writes every call once over it (`calls.py`): checking a batch,
 the rate limiter, refusing an empty sample, datasets, priorities, clearing.
@@ -11,7 +17,7 @@ A backend holds what differs between TF and NumPy and nothing else:
   found nothing (inside `read`);
 - how a runtime condition is refused (`check`);
 - a consistent read: NumPy reads under its lock; TF reads without it and
-  reads again if a write tore it (`versioned.py`): `read` for a sample,
+  reads again if a write tore it (`tf_versioned.py`): `read` for a sample,
   `consistent` for anything else;
 - how Python work becomes graph ops (`as_tensors`) and how a call is traced
   once per kind (`compile`);
@@ -23,6 +29,8 @@ these (`TFTwin.device`, `NumpyTwin.files`) belong to it alone.
 
 from __future__ import annotations
 
+# No global here may be named `tf` or `numpy`: importing the submodules `tf.py` and `numpy.py` binds those
+# names in this module to them.
 from typing import Any, Callable, ContextManager, Protocol
 
 from tfreplay._src.parts import Parts, Request

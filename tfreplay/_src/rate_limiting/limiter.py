@@ -22,7 +22,7 @@ leave it above `max_diff` by that sample's size, until the learner samples).
 Checkpoints carry the counts (`inserts`, `samples`, `size`; pending inserts
 are in flight, not state), as Reverb saves its table's limiter with the
 items. `tf.train.Checkpoint(buffer=rb)` saves them in the buffer's layout
-record (`core/checkpoint.py`), and a restore puts them back once the items
+record (`checkpoint/layout.py`), and a restore puts them back once the items
 are back, then wakes every waiter: a learner waiting on an empty buffer goes
 on when a restore fills it. The settings (`samples_per_insert`, the range,
 the timeouts) are the restoring limiter's own; only the counts come from the
@@ -48,7 +48,7 @@ cases:
   session restores the items later); without counts the limiter keeps its
   own, as there are no items yet to count.
 
-`core/gate.py` is the buffer's side: the eager call, the ops a graph orders
+`gate.py` is the buffer's side: the eager call, the ops a graph orders
 around its locked op, the ticks of a sampling dataset, and the counts a
 checkpoint carries.
 """
