@@ -22,6 +22,8 @@ from helpers import FRAME, Reference, XlaStacks, frame_of, make_stream, quick, r
 from tfreplay import PyFrameReplayBuffer, Sequences, TFFrameReplayBuffer, frame_data_spec, native
 
 TWINS = ["tf", "tf-xla", "py"]  # tf: stacks from the native kernel; tf-xla: from XLA
+# `make test` stacks under XLA in the tests that say so by name; the rest of the XLA cases run in `make test-slow`.
+TWINS_QUICK = quick(TWINS, "tf", "py")
 
 
 def make_buffer(twin: str, num_segments: int, max_length: int, history_len: int, seed: int = 0):
@@ -45,7 +47,7 @@ def filled(twin: str, num_segments: int, max_length: int, history_len: int, num_
 SCENARIOS = [(1, 30, 2, 25), (3, 12, 4, 40), (2, 6, 4, 30)]
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=["no_wrap", "wrap", "short_ring"])
 def test_samples_equal_the_reference_for_their_ids(twin, scenario):
     rb, ref = filled(twin, *scenario)
@@ -62,7 +64,7 @@ def test_samples_equal_the_reference_for_their_ids(twin, scenario):
     assert int(rb.num_frames()) == scenario[0] * min(scenario[1], scenario[3])
 
 
-@pytest.mark.parametrize("twin", quick(TWINS, "tf", "py"))
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 @pytest.mark.parametrize("num_steps", [2, 3])
 def test_windows_are_consecutive_steps_of_one_episode(twin, num_steps):
     rb, ref = filled(twin, 3, 12, 4, 40)
@@ -80,7 +82,7 @@ def test_windows_are_consecutive_steps_of_one_episode(twin, num_steps):
 
 
 @pytest.mark.slow  # a window length is a compiled function each: six of them
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_window_counts_match_the_reference_across_the_scan_threshold(twin):
     # Episodes up to 150 steps in a wrapped ring: windows shorter than
     # POS_BINS (64) are counted from the per-position row counts, longer
@@ -113,7 +115,7 @@ def test_counts_follow_sequences_longer_than_the_ring():
         np.testing.assert_allclose(info.probabilities, 1 / len(ref.valid(n)), rtol=1e-6, err_msg=str(n))
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_gather_all_and_single_pass_list_every_valid_transition_in_order(twin):
     rb, ref = filled(twin, 3, 12, 4, 40)
     order = sorted(ref.valid(), key=lambda gid: (gid % 3, gid // 3))  # segment by segment, oldest first
@@ -125,7 +127,7 @@ def test_gather_all_and_single_pass_list_every_valid_transition_in_order(twin):
     assert one == order
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_dataset_samples_equal_the_reference(twin):
     rb, ref = filled(twin, 3, 12, 4, 40)
     for items, info in rb.as_dataset(sample_batch_size=16, num_steps=2).take(3):
@@ -186,7 +188,7 @@ def test_truncated_episode_keeps_its_final_frame_and_the_next_episode_starts_wit
     np.testing.assert_array_equal(np.moveaxis(after, -1, 0), [*np.zeros((3, *FRAME)), frame_of(0, 3)])
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_a_lone_valid_transition_among_first_frames_is_found(twin):
     # 60 first frames and one step: the four uniform candidates almost always
     # miss, so this exercises the exact fallback.
@@ -208,7 +210,7 @@ def test_a_lone_valid_transition_among_first_frames_is_found(twin):
     Reference([stream], 64, 4).check(items, np.asarray(info.ids))
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 @pytest.mark.parametrize("num_steps", [None, 2])
 def test_draws_are_uniform_over_valid_windows(twin, num_steps):
     # Short episodes (a third of the rows are first frames): the candidates
@@ -228,7 +230,7 @@ def test_draws_are_uniform_over_valid_windows(twin, num_steps):
 
 
 @pytest.mark.parametrize("seed", quick([0, 1], 0))
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, seed):
     """Windows of 5 steps among episodes of 0-8 steps: few candidates are valid,
     so most samples miss and are redrawn. However they are redrawn (today by a
@@ -254,7 +256,7 @@ def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, see
     assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-6, counts
 
 
-@pytest.mark.parametrize("twin", quick(TWINS, "tf", "py"))
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_readers_racing_a_writer_through_wrap_around_get_whole_stacks(twin):
     # A ring of 12 rows: the writer keeps overwriting the oldest frames that
     # readers may be stacking. Every sample must equal the reference stack
@@ -326,7 +328,7 @@ def test_one_ring_form_appends_any_number_of_rows():
     assert set(info.ids.tolist()) == ref.valid()
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_checkpoint_restores_rows_counters_and_generator(twin, tmp_path):
     rb, _ = filled(twin, 3, 12, 4, 40)
     checkpoint = tf.train.Checkpoint(buffer=getattr(rb, "rb", rb))  # the buffer itself, not its XLA-stacks proxy
@@ -342,7 +344,7 @@ def test_checkpoint_restores_rows_counters_and_generator(twin, tmp_path):
     tf.nest.map_structure(np.testing.assert_array_equal, rb.get_next(sample_batch_size=8), sample)
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_clear_empties_and_the_next_row_starts_an_episode(twin):
     rb, _ = filled(twin, 2, 12, 4, 30)
     rb.clear()
@@ -359,7 +361,7 @@ def test_clear_empties_and_the_next_row_starts_an_episode(twin):
     Reference(streams, 12, 4).check(items, np.asarray(info.ids))
 
 
-@pytest.mark.parametrize("twin", quick(TWINS, "tf", "py"))
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_empty_or_firsts_only_or_too_short_episodes_cannot_be_sampled(twin):
     rb = make_buffer(twin, 1, 10, 2)
     with pytest.raises(ValueError, match="holds no valid transition yet; add steps after each"):
@@ -412,7 +414,7 @@ def bad_rows() -> list:
     ]
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 @pytest.mark.parametrize("case", range(5))
 def test_a_rejected_batch_names_the_field_and_changes_nothing(twin, case):
     rb, _ = filled(twin, 2, 8, 2, 11)
@@ -424,7 +426,7 @@ def test_a_rejected_batch_names_the_field_and_changes_nothing(twin, case):
     tf.nest.map_structure(np.testing.assert_array_equal, after, before)
 
 
-@pytest.mark.parametrize("twin", TWINS)
+@pytest.mark.parametrize("twin", TWINS_QUICK)
 def test_bad_construction_and_sampling_arguments(twin):
     cls = TFFrameReplayBuffer if twin.startswith("tf") else PyFrameReplayBuffer
     where = cls.__name__

@@ -319,7 +319,7 @@ def test_fields_read_at_one_step_equal_those_picked_from_the_whole_window(kind):
 # --- sequences ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", quick(MODES, "eager", "dataset"))
 @pytest.mark.parametrize("pad", [False, True], ids=["strict", "padded"])
 @pytest.mark.parametrize("kind", sorted(ROWS))
 def test_sequences_follow_episodes_with_mask_and_zero_padding(kind, pad, mode):

@@ -1,8 +1,9 @@
 """The compiled sum tree behind one interface per twin: ctypes calls on NumPy arrays, TF ops on a variable.
 
-`ops.sum_tree_kernel(array)` (`arrays/ops.py`) returns one of these, or None where
-no compiled code runs (no library, a variable off the CPU, inside XLA); the
-sum tree (`samplers/sum_tree.py`) then runs the same arithmetic in array ops.
+A sum tree (`samplers/sum_tree.py`) picks its finder when its sampler is bound
+(`sum_tree_finder`), which gives one of these, or None where no compiled code
+runs (no library, a variable off the CPU, inside XLA); the tree then runs the
+same arithmetic in array ops.
 Both adapters take and return the same things, so the tree is written once.
 
 `lock_free`: the TF ring update reads the buffer's `num_adds` variable under
@@ -13,12 +14,14 @@ the buffer's lock.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
 from tfreplay import native
+from tfreplay._src.arrays import stacks
+from tfreplay._src.arrays.ops import under_xla
 from tfreplay.native import address
 
 
@@ -166,3 +169,19 @@ def tf_sum_tree(variable: tf.Variable, under_xla: bool, on_cpu: bool) -> TFSumTr
         return None
     module = native.sum_tree_ops()
     return None if module is None else TFSumTree(module, variable)
+
+
+def sum_tree_finder(array: Any) -> Callable[[], NumpySumTree | TFSumTree | None]:
+    """How the sum tree in `array` finds its compiled loops. A NumPy array's never change (the tree array is never
+    replaced): looked up on first use, then kept. A variable's are decided at each trace: the TF ops need the
+    variable on the CPU and a trace outside XLA."""
+    if isinstance(array, np.ndarray):
+        found: list = []
+
+        def numpy_kernel() -> NumpySumTree | None:
+            if not found:
+                found.append(numpy_sum_tree(array))
+            return found[0]
+
+        return numpy_kernel
+    return lambda: tf_sum_tree(array, under_xla(), stacks.on_cpu(array))

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from tfreplay import native
-from tfreplay._src.arrays import kernels, stacks
+from tfreplay._src.arrays import stacks
 
 try:  # XLA has no mutex op and cannot raise: the twins check this to skip locks and assertions.
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla_graph
@@ -232,10 +232,8 @@ NUMPY_OPS = types.SimpleNamespace(
     cast=lambda x, dtype: np.asarray(x, dtype),
     dtype=lambda x: x.dtype,
     rank=lambda x: x.ndim,
-    # Compiled code: the sum tree's (None without the library; the tree array is never replaced, so a NumPy
-    # kernel is looked up once) and the frame stacks (NumPy packs whole words: no kernel needed).
-    sum_tree_kernel=kernels.numpy_sum_tree,
-    fixed_kernels=True,
+    # The frame stacks: NumPy packs whole words, no kernel needed. (A sum tree finds its compiled loops when its
+    # sampler is bound: `kernels.sum_tree_finder`.)
     frame_stacks=stacks.np_stacks,
 )
 
@@ -292,8 +290,5 @@ TF_OPS = types.SimpleNamespace(
     cast=lambda x, dtype: tf.cast(x, dtype),
     dtype=lambda x: x.dtype.as_numpy_dtype,
     rank=lambda x: x.shape.rank,
-    # Compiled code where it runs here, decided while tracing: the sum-tree ops need a CPU variable outside XLA.
-    sum_tree_kernel=lambda v: kernels.tf_sum_tree(v, under_xla(), stacks.on_cpu(v)),
-    fixed_kernels=False,
     frame_stacks=_tf_frame_stacks,
 )

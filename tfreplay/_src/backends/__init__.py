@@ -23,14 +23,18 @@ A backend holds what differs between TF and NumPy and nothing else:
   once per kind (`compile`);
 - what a checkpoint saves, *returned* by `bind` for the buffer to hold.
 
-The buffer calls `bind` once its parts exist. Members a backend has beyond
-these (`TFTwin.device`, `NumpyTwin.files`) belong to it alone.
+The buffer calls `bind` once its parts exist. `BackendBase` holds the
+defaults of a backend with no traced calls, no device, no v1-graph state and
+no files; each backend subclasses it and writes only what differs. Members a
+backend has beyond the protocol (`TFTwin.device`, `NumpyTwin.files`) belong
+to it alone.
 """
 
 from __future__ import annotations
 
 # No global here may be named `tf` or `numpy`: importing the submodules `tf.py` and `numpy.py` binds those
 # names in this module to them.
+import contextlib
 from typing import Any, Callable, ContextManager, Protocol
 
 from tfreplay._src.parts import Parts, Request
@@ -118,3 +122,27 @@ class Backend(Protocol):
     def close(self) -> None:
         """Lets go of what the backend holds (a storage directory)."""
         ...
+
+
+class BackendBase:
+    """Defaults of the protocol for a backend whose calls run as they are, in Python (subclass it)."""
+
+    lockstep = True
+
+    def module_name(self, name: str) -> str:
+        return name
+
+    def compile(self, key: str, fn: Callable[..., Any], *signature: Any) -> Callable[..., Any]:
+        return fn
+
+    def placement(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def variables(self) -> tuple:
+        return ()
+
+    def flush(self) -> None:
+        """Nothing to make durable: the state lives in memory (checkpoint it to keep it)."""
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -3,12 +3,11 @@
 So no item is ever torn. `get_next` and `gather_all` return NumPy arrays;
 `as_dataset` yields tensors through `tf.numpy_function`. With `seed=None`
 it follows TF's global seed like the TF backend (an op seed keeps buffers
-apart). What a buffer asks of a backend is `backend.Backend`.
+apart). What a buffer asks of a backend is `backends.Backend`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any, Callable
 
@@ -17,15 +16,13 @@ import tensorflow as tf
 
 from tfreplay._src import sample, specs
 from tfreplay._src.arrays.ops import NUMPY_OPS
-from tfreplay._src.backends import numpy_windows
+from tfreplay._src.backends import BackendBase, numpy_windows
 from tfreplay._src.backends.memmap import MemmapFiles
 from tfreplay._src.backends.tf import resolve_seed
 from tfreplay._src.checkpoint import state
 from tfreplay._src.checkpoint.numpy_state import NumpyState
 from tfreplay._src.parts import Parts, Request
 from tfreplay._src.specs import Nest
-
-_UNSET = object()
 
 
 def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) -> tuple[int, int, bool]:
@@ -56,8 +53,8 @@ def numpy_layout(where: str, capacity: Any, batch_size: Any, max_length: Any) ->
     return int(batch_size), 1000 if max_length is None else int(max_length), True
 
 
-class NumpyTwin:
-    """The NumPy backend (`backend.Backend`): arrays, a lock and a generator of one buffer.
+class NumpyTwin(BackendBase):
+    """The NumPy backend (`backends.Backend`): arrays, a lock and a generator of one buffer.
 
     Args:
       seed: of the sampling generator (`np.random.default_rng`); None: TF's global seed if set.
@@ -74,12 +71,9 @@ class NumpyTwin:
         self.lock = threading.Lock()
         self.lockstep = bool(lockstep)
         self.arrays: dict[str, np.ndarray] = {}
-        self._planner: Any = _UNSET  # the compiled window plan: looked up on first use
+        self.plan_windows: Callable[..., tuple | None] = lambda *args: None  # set by `bind`
         self.files = None if storage_dir is None else MemmapFiles(storage_dir)
         self._flush: Callable[[], None] = lambda: None
-
-    def module_name(self, name: str) -> str:
-        return name
 
     def make(self, name: str, shape: list, dtype: tf.DType) -> np.ndarray:
         """A zero-filled array, part of the checkpoint; aligned to a cache line, as TF aligns tensors (the sum
@@ -114,6 +108,7 @@ class NumpyTwin:
                     self._flush()
 
             around = (before_copy, after_copy)
+        self.plan_windows = numpy_windows.finder(parts)
         check = lambda values: state.check(parts, values)  # noqa: E731
         arrays = lambda: dict(self.arrays)  # noqa: E731
         saved = NumpyState(
@@ -155,20 +150,13 @@ class NumpyTwin:
             if view is None:
                 view = parts.cached_view(req.window, req.padded, self.draw, self.uniform)
             before = generator.state
-            planned = self._compiled(parts, req, view) if req.window is not None or req.padded else None
+            planned = self.plan_windows(parts, req, self.draw, view) if req.window is not None or req.padded else None
             read_plan, ids, probs, count = sample.plan(parts, view, req) if planned is None else planned
             if count <= 0:  # the draw is undone (under the lock: no other draw comes between)
                 generator.state = before
                 return None, None, 0
             items = sample.read(parts, read_plan, req)
         return (*sample.package(items, ids, probs, req, NUMPY_OPS, split=False), count)
-
-    def _compiled(self, parts: Parts, req: Request, view: Any) -> tuple | None:
-        """`sample.plan` of windows through the index or padded ones, planned in compiled code; None where only
-        the array-op path plans them, or without the library."""
-        if self._planner is _UNSET:
-            self._planner = numpy_windows.planner(parts)
-        return None if self._planner is None else self._planner.plan(parts, req, self.draw, lambda: view)
 
     def consistent(self, parts: Parts, fn: Callable[[], tuple], where: str, strict: bool = False) -> Any:
         """Under the lock, nothing can tear a read."""
@@ -186,15 +174,6 @@ class NumpyTwin:
         for tensor, spec in zip(out, flat_specs):
             tensor.set_shape(spec.shape)
         return tf.nest.pack_sequence_as(out_specs, out)
-
-    def compile(self, key: str, fn: Callable, *signature: Any) -> Callable:
-        return fn
-
-    def placement(self) -> Any:
-        return contextlib.nullcontext()
-
-    def variables(self) -> tuple:
-        return ()
 
     def flush(self) -> None:
         """Makes the storage directory a snapshot of the buffer now (nothing to do in RAM)."""

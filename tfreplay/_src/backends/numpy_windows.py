@@ -159,3 +159,16 @@ def planner(parts: Parts) -> WindowPlanner | None:
         return None
     index = (parts.pos, parts.newest, parts.pos_counts) if parts.rule is not None else None
     return WindowPlanner(library, parts.num_adds, parts.max_length, index, parts.sampler, parts.storage.window)
+
+
+def finder(parts: Parts) -> Callable[..., tuple | None]:
+    """`plan(parts, req, draw, view)` of a NumPy buffer: its compiled plan (`WindowPlanner.plan`, the library
+    looked up on the first windowed sample), or None where only the array-op path plans (or without the library)."""
+    found: list = []
+
+    def plan(parts: Parts, req: Request, draw: Callable, view: View) -> tuple | None:
+        if not found:
+            found.append(planner(parts))
+        return None if found[0] is None else found[0].plan(parts, req, draw, lambda: view)
+
+    return plan

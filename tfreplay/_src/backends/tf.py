@@ -6,7 +6,7 @@ under `jit_compile` the caller must not race (`TrainLoop` holds the lock
 around its compiled call, `locked_call`); XLA cannot raise either, so
 there an empty buffer's samples carry probability 0. Eager calls go through
 concrete functions traced once per kind of call. What a buffer asks of a
-backend is `backend.Backend`.
+backend is `backends.Backend`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
-from tfreplay._src import sample, tracebacks
+from tfreplay._src import tracebacks
 from tfreplay._src.arrays.ops import TF_OPS, under_xla
-from tfreplay._src.backends import tf_versioned
+from tfreplay._src.backends import BackendBase, tf_versioned
 from tfreplay._src.checkpoint import staged, state
 from tfreplay._src.checkpoint.layout import LayoutState
-from tfreplay._src.parts import Parts, Request
+from tfreplay._src.parts import Parts
 from tfreplay._src.specs import Nest
 
 
@@ -131,8 +131,8 @@ def variable_name(path: str) -> str:
     return name if re.match(r"[A-Za-z0-9.]", name) else f"v{name}"
 
 
-class TFTwin:
-    """The TF backend (`backend.Backend`): variables, a lock and a generator of one buffer.
+class TFTwin(BackendBase):
+    """The TF backend (`backends.Backend`): variables, a lock and a generator of one buffer.
 
     Args:
       scope: name scope of its variables and ops (any string).
@@ -143,7 +143,6 @@ class TFTwin:
 
     ops = TF_OPS
     is_tf = True
-    lockstep = True
 
     def __init__(self, scope: str = "Buffer", device: str = "cpu:*", seed: Any = None):
         self.scope, self.device, self.seed = scope, device, resolve_seed(seed)
@@ -190,7 +189,7 @@ class TFTwin:
         return tf_exclusive(self.lock, fn)
 
     def locked_call(self, fn: Callable[[], Any]) -> Any:
-        """`fn()`, one call in a graph, holding the lock (see `locked_call`)."""
+        """`fn()`, one call in a graph, holding the lock (see `locked_call`): a TF write, a compiled train loop."""
         return locked_call(self.lock, fn)
 
     def changing(self, parts: Parts, fn: Callable[[], Any], num_new: int | None, segments: Any = None) -> Any:
@@ -237,40 +236,9 @@ class TFTwin:
             leaves[-1] = tf.identity(leaves[-1])
         return tf.nest.pack_sequence_as(value, leaves)
 
-    def read(self, parts: Parts, req: Request) -> tuple:
-        """The versioned read (`tf_versioned.py`): eagerly one traced call per kind of sample, whose refused draw
-        is rewound here; in a graph the rewind is an op (a function call, rarely taken), skipped under XLA."""
-        if tf.executing_eagerly():
-            items, info, count, before = self.eager.get(f"sample/{req.key}", lambda: self._unchecked(parts, req))()
-            found = count.numpy()
-            if found <= 0:  # a Python test: a graph assertion costs more than it
-                self.rng.state.assign(before)
-            return items, info, found
-        items, info, count, before = self._unchecked(parts, req)
-        if under_xla():
-            return items, info, count
-        with self.placement():
-            rewound = TF_OPS.rare(count > 0, lambda: tf.constant(True), lambda: self._rewind(before))
-        with tf.control_dependencies([rewound]):
-            return items, info, tf.identity(count)
-
-    def _unchecked(self, parts: Parts, req: Request) -> tuple:
-        """`(items, BufferInfo, count, the generator's state before the draw)`, time-stacked."""
-        with self.placement():
-            before = self.rng.state.read_value()
-            with tf.control_dependencies([before]):
-                items, ids, probs, count = tf_versioned.read(parts, self, req)
-        items, info = sample.package(items, ids, probs, req, TF_OPS, split=False)
-        return items, info, count, before
-
-    def _rewind(self, state: tf.Tensor) -> tf.Tensor:
-        """Puts the generator's state back (a refused sample draws nothing): same seed, same samples."""
-        with tf.control_dependencies([self.rng.state.assign(state)]):
-            return tf.constant(False)
-
-    def consistent(self, parts: Parts, fn: Callable[[], tuple], where: str, strict: bool = False) -> Any:
-        """Read without waiting on the lock, and again while a write tore it (`tf_versioned.py`)."""
-        return tf_versioned.consistent(parts, self, fn, where, strict)
+    # The versioned read (`tf_versioned.py`): a sample, and any other read that must not be torn.
+    read = tf_versioned.sample
+    consistent = tf_versioned.consistent
 
     def as_tensors(self, fn: Callable, inputs: list, out_specs: Nest) -> Nest:
         """`fn`'s own ops."""
@@ -290,9 +258,3 @@ class TFTwin:
         """The generator's state and the write counters (what a v1 graph initializes besides the state)."""
         assert self.counters is not None
         return (self.rng.state, *self.counters.variables())
-
-    def flush(self) -> None:
-        """Nothing to write: the state lives in variables (checkpoint them to keep it)."""
-
-    def close(self) -> None:
-        """Nothing to release."""

@@ -95,6 +95,41 @@ class Counters:
         return tf.reduce_all(started <= limit), outputs
 
 
+def sample(twin: Any, parts: Parts, req: Request) -> tuple:
+    """`(items, BufferInfo, count)` of `req`, packaged (`TFTwin.read`): eagerly one traced call per kind of
+    sample, whose refused draw is rewound here; in a graph the rewind is an op (a function call, rarely taken),
+    skipped under XLA."""
+    if tf.executing_eagerly():
+        items, info, count, before = twin.eager.get(f"sample/{req.key}", lambda: _packaged(twin, parts, req))()
+        found = count.numpy()
+        if found <= 0:  # a Python test: a graph assertion costs more than it
+            twin.rng.state.assign(before)
+        return items, info, found
+    items, info, count, before = _packaged(twin, parts, req)
+    if under_xla():
+        return items, info, count
+    with twin.placement():
+        rewound = TF_OPS.rare(count > 0, lambda: tf.constant(True), lambda: _rewind(twin, before))
+    with tf.control_dependencies([rewound]):
+        return items, info, tf.identity(count)
+
+
+def _packaged(twin: Any, parts: Parts, req: Request) -> tuple:
+    """`(items, BufferInfo, count, the generator's state before the draw)`, time-stacked."""
+    with twin.placement():
+        before = twin.rng.state.read_value()
+        with tf.control_dependencies([before]):
+            items, ids, probs, count = read(parts, twin, req)
+    items, info = samples.package(items, ids, probs, req, TF_OPS, split=False)
+    return items, info, count, before
+
+
+def _rewind(twin: Any, state: tf.Tensor) -> tf.Tensor:
+    """Puts the generator's state back (a refused sample draws nothing): same seed, same samples."""
+    with tf.control_dependencies([twin.rng.state.assign(state)]):
+        return tf.constant(False)
+
+
 def read(parts: Parts, twin: Any, req: Request) -> tuple:
     """`(items, ids, probabilities, count)` of `req` (see the module docstring); `twin` is the `TFTwin`."""
     if under_xla():  # no lock and no concurrency
@@ -140,7 +175,7 @@ def retried(parts: Parts, twin: Any, read: Callable[[], tuple], like: Any, where
     return twin.check(whole, outputs, TORN.format(where=where, attempts=MAX_ATTEMPTS))
 
 
-def consistent(parts: Parts, twin: Any, fn: Callable[[], tuple], where: str, strict: bool) -> Any:
+def consistent(twin: Any, parts: Parts, fn: Callable[[], tuple], where: str, strict: bool = False) -> Any:
     """The outputs of `fn() -> (outputs, rows read, num_adds as read)` from a call no write tore (`strict`: no
     write overlapped it), drawn again while one did (the deterministic pass reads this way)."""
     if under_xla():

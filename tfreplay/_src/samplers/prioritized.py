@@ -147,7 +147,7 @@ class PrioritizedSampler(SamplerBase):
 
     def checks_priorities(self, view: View) -> bool:
         """Whether `update` refuses a bad priority itself: the compiled ring update does (`view.window` None)."""
-        return view.window is None and self.tree.kernel(view.ops) is not None
+        return view.window is None and self.tree.kernel() is not None
 
     def check_state(self, values: dict, live: Any, startable: Any) -> None:
         """A saved tree: every leaf finite, non-negative, at most `most_value`, zero on rows that hold no item or

@@ -11,9 +11,9 @@ An update writes leaves and repairs their ancestors; both go level by level
 over the whole batch. (A binary tree's 1M-row descent missed the cache at each
 of 20 levels; this one has 7.)
 
-Both loops run in compiled code where the twin's namespace has a kernel for
-the tree (`ops.sum_tree_kernel`, see `arrays/kernels.py`), else in array ops. The two
-paths do the same float operations in the same order, so they build
+Both loops run in compiled code where a kernel for the tree runs here (the
+finder `arrays/kernels.py` gives the tree as it is made), else in array ops.
+The two paths do the same float operations in the same order, so they build
 bit-identical trees and draw the same rows.
 """
 
@@ -24,17 +24,22 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src.arrays import kernels
+
 FANOUT = 8
 # The layout, in a prioritized buffer's checkpoint record: a checkpoint of another layout (the binary tree of
 # tfreplay before it, with no such field) is refused rather than restored into wrong sums.
 LAYOUT = f"fanout {FANOUT}"
-_UNSET = object()
 
 
 def fanouts(leaves: int) -> list[int]:
     """The fanout of each level from the root down: 2, 4 or 8 at the root, 8 below (their product is `leaves`)."""
     bits = leaves.bit_length() - 1
     return [1 << (bits % 3 or 3)] + [FANOUT] * ((bits - 1) // 3) if bits else []
+
+
+def _no_kernel() -> None:
+    return None
 
 
 class SumTree:
@@ -49,18 +54,8 @@ class SumTree:
         self.fanouts = fanouts(self.leaves)
         self.array = make("sampler/sum_tree", [2 * self.leaves], tf.float64)
         self.use_native = use_native
-        self._kernel: Any = _UNSET
-
-    def kernel(self, ops: Any) -> Any:
-        """The compiled loops on this tree here (`kernels.NumpySumTree` or `TFSumTree`), or None. A namespace
-        whose kernels never change (NumPy: the array is never replaced) is asked once; TF's per trace."""
-        if not self.use_native:
-            return None
-        if not ops.fixed_kernels:
-            return ops.sum_tree_kernel(self.array)
-        if self._kernel is _UNSET:
-            self._kernel = ops.sum_tree_kernel(self.array)
-        return self._kernel
+        # `kernel()`: the compiled loops on this tree here (`kernels.NumpySumTree` or `TFSumTree`), or None.
+        self.kernel = kernels.sum_tree_finder(self.array) if use_native else _no_kernel
 
     def rebuilt(self, leaves: Any) -> np.ndarray:
         """The whole tree over `leaves` (NumPy), every node its children's sum added first to last, as `set`
@@ -85,7 +80,7 @@ class SumTree:
 
     def set(self, ops: Any, rows: Any, values: Any) -> list:
         """Writes `values` into the leaves of `rows` (of duplicates, the last wins) and repairs their sums."""
-        kernel = self.kernel(ops)
+        kernel = self.kernel()
         if kernel is not None:
             return kernel.set(rows, values)
         node = ops.reshape(rows, [-1]) + self.leaves
@@ -103,7 +98,7 @@ class SumTree:
     def descend(self, ops: Any, targets: Any) -> tuple[Any, Any]:
         """`(rows, leaf values)`: the row whose leaf holds each target mass (in `[0, total)`; past it, a padding
         row of value 0 or the last row)."""
-        kernel = self.kernel(ops)
+        kernel = self.kernel()
         if kernel is not None:
             return kernel.descend(targets)
         u = ops.reshape(ops.to_float64(targets), [-1])
@@ -118,14 +113,14 @@ class SumTree:
     # Ring windows (no episode index) in one compiled call each; None without the kernel.
     def ring_draw(self, ops: Any, num_adds: Any, uniform: Any, max_length: int, n: int, stratified: bool) -> Any:
         """`(segment, t, leaf, ok, all ok)` as `PrioritizedSampler._draw` computes them, or None."""
-        kernel = self.kernel(ops)
+        kernel = self.kernel()
         return None if kernel is None else kernel.ring_draw(num_adds, uniform, max_length, n, stratified)
 
     def ring_sample(self, ops: Any, num_adds: Any, uniform: Any, max_length: int) -> Any:
         """Single items of ring windows: the first (stratified) draw of `PrioritizedSampler.sample` with its
         probabilities, from one read of the tree: `(segment, t, leaf, ok, all ok, probabilities, count)`, or None
         without the kernel."""
-        kernel = self.kernel(ops)
+        kernel = self.kernel()
         return None if kernel is None else kernel.ring_sample(num_adds, uniform, max_length)
 
     def ring_update(
@@ -134,12 +129,12 @@ class SumTree:
         """Checks the priorities, sets live ids' leaves to `priority ** alpha` (stale ones change nothing) and
         raises `max_priority`: `(updates, stale count)`, or None without the kernel. A bad priority changes
         nothing: NumPy returns a stale count of -1, TF raises `InvalidArgumentError` when the op runs."""
-        kernel = self.kernel(ops)
+        kernel = self.kernel()
         return (
             None if kernel is None else kernel.ring_update(num_adds, ids, priorities, alpha, max_priority, max_length)
         )
 
     def lock_free(self, ops: Any) -> bool:
         """Whether the compiled ring update here needs no buffer lock (see `arrays/kernels.py`)."""
-        kernel = self.kernel(ops)
+        kernel = self.kernel()
         return kernel is not None and kernel.lock_free
