@@ -134,8 +134,9 @@ def library_files() -> list[pathlib.Path]:
     return sorted(p for p in package.rglob("*.py") if (package / "rl") not in p.parents)
 
 
-def imported_modules(path: pathlib.Path) -> list[str]:
-    """Every module a file imports, `from a import b` counted as `a` and `a.b` (b may be a module)."""
+def imported_modules(path: pathlib.Path, parents: bool = True) -> list[str]:
+    """Every module a file imports, `from a import b` counted as `a` and `a.b` (b may be a module); without
+    `parents` as `a.b` alone (`from tfreplay import native` is `tfreplay.native`, not all of `tfreplay`)."""
     package = path.relative_to(ROOT).parent.parts
     names = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -144,7 +145,7 @@ def imported_modules(path: pathlib.Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else ()  # `from ..x import y`
             module = ".".join([*base, *([node.module] if node.module else [])])
-            names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+            names += ([module] if parents else []) + [f"{module}.{alias.name}" for alias in node.names]
     return names
 
 
@@ -157,21 +158,6 @@ def test_no_library_module_imports_the_rl_application():
     assert offenders == {}, "imports point down: the library must not import tfreplay.rl"
 
 
-def imported_names(path: pathlib.Path) -> list[str]:
-    """What a file imports, `from a import b` counted as `a.b` alone (`from tfreplay import native` is
-    `tfreplay.native`, not all of `tfreplay`)."""
-    package = path.relative_to(ROOT).parent.parts
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else ()
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            names += [f"{module}.{alias.name}" for alias in node.names]
-    return names
-
-
 def test_the_array_code_imports_only_the_native_kernels_of_tfreplay():
     # tfreplay/_src/arrays/ is the ground floor of the buffer's path: every part is written over its namespaces.
     files = sorted((ROOT / "tfreplay" / "_src" / "arrays").glob("*.py"))
@@ -180,7 +166,7 @@ def test_the_array_code_imports_only_the_native_kernels_of_tfreplay():
     offenders = {
         p.name: bad
         for p in files
-        if (bad := [m for m in loaded(imported_names(p), ("tfreplay",)) if not loaded([m], allowed)])
+        if (bad := [m for m in loaded(imported_modules(p, parents=False), ("tfreplay",)) if not loaded([m], allowed)])
     }
     assert offenders == {}, "tfreplay/_src/arrays/ imports nothing of tfreplay but tfreplay.native and itself"
 
