@@ -35,6 +35,7 @@ from helpers import (
     assert_nest_equal,
     assert_specs_equal,
     coverage_draws,
+    quick,
     shared_api,
     shared_buffer,
     state,
@@ -106,7 +107,7 @@ SHAPE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", SHAPE_CASES)
+@pytest.mark.parametrize("case", quick(list(SHAPE_CASES), "one", "batch-of-windows", "batch-of-windows-unstacked"))
 def test_samples_have_the_documented_structure_dtypes_and_shapes(api, case):
     sample_batch_size, windowed, time_stacked = SHAPE_CASES[case]
     num_steps = api.kind.window if windowed else None

@@ -502,7 +502,7 @@ def keras_step(rb):
 
 
 @pytest.mark.keras
-@pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
+@pytest.mark.parametrize("prioritized", quick([False, True], True), ids=["uniform", "prioritized"])
 def test_a_keras_model_trains_in_the_fused_loop_as_in_separate_steps(prioritized):
     rb, ref = regression_buffer(prioritized), regression_buffer(prioritized)
     model, step = keras_step(rb)

@@ -8,7 +8,7 @@ or never reaches some items or window starts fails by many orders of magnitude.
 import numpy as np
 import pytest
 import scipy.stats
-from helpers import KINDS, SPEC, Api, assert_nest_equal, decode, make_items
+from helpers import KINDS, SPEC, Api, assert_nest_equal, decode, make_items, quick
 
 from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
 
@@ -62,7 +62,12 @@ def test_dataset_sampling_is_uniform(buffer_cls, num_steps):
 
 @pytest.mark.parametrize(
     "batch_size, max_length, num_adds, num_steps",
-    [(1, 1, 1, None), (3, 8, 5, None), (3, 8, 13, 3), (4, 5, 40, 5), (7, 11, 9, 2)],
+    quick(
+        [(1, 1, 1, None), (3, 8, 5, None), (3, 8, 13, 3), (4, 5, 40, 5), (7, 11, 9, 2)],
+        (1, 1, 1, None),
+        (3, 8, 13, 3),
+        (4, 5, 40, 5),
+    ),
 )
 def test_probabilities_are_one_over_batch_size_times_valid_starts(
     buffer_cls, batch_size, max_length, num_adds, num_steps

@@ -189,7 +189,7 @@ def draw(rb, mode: str, size: int, transform):
 # --- n-step returns -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", quick(MODES, "eager", "dataset"))
 @pytest.mark.parametrize("kind", sorted(ROWS))
 def test_n_step_equals_a_direct_computation_over_wrapped_episodes(kind, mode):
     rng = np.random.default_rng(5)
@@ -389,7 +389,9 @@ def filled(kind: str, rng, seed: int, rows: dict, frames: dict, **kwargs):
     return rb, Model(streams, 14, frames=Reference(streams, 14, 2))
 
 
-@pytest.mark.parametrize("kind", ["tf-rows", "py-rows", "tf-frames", "py-frames"])
+@pytest.mark.parametrize(
+    "kind", quick(["tf-rows", "py-rows", "tf-frames", "py-frames"], "tf-rows", "py-rows", "py-frames")
+)
 def test_padded_window_starts_are_uniform(kind):
     # Each start's count is binomial: for any seed the chi-square p-value is below 1e-6 with probability 1e-6;
     # a fixed one keeps the run reproducible.

@@ -402,7 +402,9 @@ def test_the_comparison_table_reads_runs_that_missed_the_threshold_as_lower_boun
     assert lines[3] == "| PER + 3-step (seeds 0, 1) | not in 100,000, 20,000 | > 60,000 | 300.0, 490.5 | 200 |"
 
 
-@pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, TFPrioritizedReplayBuffer])
+@pytest.mark.parametrize(
+    "buffer_cls", quick([TFUniformReplayBuffer, TFPrioritizedReplayBuffer], TFPrioritizedReplayBuffer)
+)
 def test_n_step_training_targets_are_the_n_step_returns_of_the_stored_episodes(buffer_cls):
     # One segment: an episode terminated at t=3, one truncated at t=6, one still running (t=7, 8).
     spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import sys
 
@@ -69,13 +70,17 @@ def print_status() -> None:
 def build(names: list[str] | None) -> int:
     """Builds, one result line per kernel; a failure also prints the compiler's output. Non-zero if any failed."""
     failed = 0
-    for result in (r for name in names or native.NAMES for r in native.build([name])):  # a line as each ends
-        where = result.path or result.reason
-        timing = f" in {result.seconds:.1f} s" if result.state == "built" else ""
-        print(f"{result.name:<13} {result.state}{timing}: {where}", flush=True)
-        if result.state == "failed":
-            failed += 1
-            print(result.output[-4000:], file=sys.stderr)
+    names = list(names or native.NAMES)
+    # The compiles run side by side, one per core; a line as each ends.
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(names), os.cpu_count() or 1))) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(native.build, [name]) for name in names]):
+            for result in future.result():
+                where = result.path or result.reason
+                timing = f" in {result.seconds:.1f} s" if result.state == "built" else ""
+                print(f"{result.name:<13} {result.state}{timing}: {where}", flush=True)
+                if result.state == "failed":
+                    failed += 1
+                    print(result.output[-4000:], file=sys.stderr)
     return 1 if failed else 0
 
 
