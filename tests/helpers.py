@@ -59,16 +59,20 @@ SPEC = {
 }
 
 
-def quick(values, *kept) -> list:
+def quick(values, *kept, unpack: bool = False) -> list:
     """`values` for `pytest.mark.parametrize`, with every value not in `kept` marked `slow`.
 
     A matrix test (backends x modes x cases) keeps in `make test` the cases that cover its behaviour on each
-    backend once; the rest of the matrix runs in `make test-slow`, and CI runs both lanes.
+    backend once; the rest of the matrix runs in `make test-slow`, and CI runs both lanes. `unpack`: each value
+    is a tuple of several arguments (a parametrize of several names).
     """
     missing = [k for k in kept if not any(k is v or k == v for v in values)]
     if missing:
         raise ValueError(f"quick: kept values {missing!r} must be among the parametrized values {values!r}")
-    return [v if any(v is k or v == k for k in kept) else pytest.param(v, marks=pytest.mark.slow) for v in values]
+    slow = [pytest.mark.slow]
+    return [
+        v if any(v is k or v == k for k in kept) else pytest.param(*(v if unpack else (v,)), marks=slow) for v in values
+    ]
 
 
 def make_items(values) -> dict:

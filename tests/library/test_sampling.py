@@ -67,6 +67,7 @@ def test_dataset_sampling_is_uniform(buffer_cls, num_steps):
         (1, 1, 1, None),
         (3, 8, 13, 3),
         (4, 5, 40, 5),
+        unpack=True,
     ),
 )
 def test_probabilities_are_one_over_batch_size_times_valid_starts(
