@@ -3,8 +3,8 @@
 A sum tree (`samplers/sum_tree.py`) picks its finder when its sampler is bound
 (`sum_tree_finder`), which gives one of these, or None where no compiled code
 runs (no library, a variable off the CPU, inside XLA); the tree then runs the
-same arithmetic in array ops.
-Both adapters take and return the same things, so the tree is written once.
+same arithmetic in array ops. Both adapters take and return the same things,
+so the tree is written once.
 
 `lock_free`: the TF ring update reads the buffer's `num_adds` variable under
 the tree's own lock (see `native/kernels/sum_tree_ops.cc`), so it needs no
@@ -14,6 +14,7 @@ the buffer's lock.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -176,12 +177,5 @@ def sum_tree_finder(array: Any) -> Callable[[], NumpySumTree | TFSumTree | None]
     replaced): looked up on first use, then kept. A variable's are decided at each trace: the TF ops need the
     variable on the CPU and a trace outside XLA."""
     if isinstance(array, np.ndarray):
-        found: list = []
-
-        def numpy_kernel() -> NumpySumTree | None:
-            if not found:
-                found.append(numpy_sum_tree(array))
-            return found[0]
-
-        return numpy_kernel
+        return functools.cache(lambda: numpy_sum_tree(array))
     return lambda: tf_sum_tree(array, under_xla(), stacks.on_cpu(array))

@@ -19,6 +19,7 @@ plan is compiled. Both paths give the same samples for the same seed.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -164,11 +165,10 @@ def planner(parts: Parts) -> WindowPlanner | None:
 def finder(parts: Parts) -> Callable[..., tuple | None]:
     """`plan(parts, req, draw, view)` of a NumPy buffer: its compiled plan (`WindowPlanner.plan`, the library
     looked up on the first windowed sample), or None where only the array-op path plans (or without the library)."""
-    found: list = []
+    compiled = functools.cache(lambda: planner(parts))
 
     def plan(parts: Parts, req: Request, draw: Callable, view: View) -> tuple | None:
-        if not found:
-            found.append(planner(parts))
-        return None if found[0] is None else found[0].plan(parts, req, draw, lambda: view)
+        found = compiled()
+        return None if found is None else found.plan(parts, req, draw, lambda: view)
 
     return plan
