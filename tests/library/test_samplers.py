@@ -27,10 +27,10 @@ class RecentSampler(SamplerBase):
         min_id, num_live = compose.live_range(view.num_adds[0], view.max_length, ops)
         per = ops.maximum(ops.minimum(num_live, self.recent) - n + 1, 0)
         count = per * view.num_segments
-        draws = view.draw([size], count)
+        draws, probs = view.pick([size], count)
         first = view.num_adds[0] - ops.minimum(num_live, self.recent)
         t = first + draws % ops.maximum(per, 1)
-        return draws // ops.maximum(per, 1), t, ops.probability([size], count), count
+        return draws // ops.maximum(per, 1), t, probs, count
 
     def mass(self, view: View, num_steps):
         _, num_live = compose.live_range(view.num_adds[0], view.max_length, view.ops)

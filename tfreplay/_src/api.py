@@ -58,12 +58,18 @@ def counter_dataset() -> tf.data.Dataset:
 class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
     """Abstract base: a store of spec-shaped items that can be sampled.
 
+    A subclass implements the abstract hooks below, and sets `_sample(request) -> (items, BufferInfo)`,
+    one sample of a checked request, as an attribute when it is made (a function bound to its state, so
+    `get_next` calls it with no forwarding method between).
+
     Args:
       data_spec: a nest of `tf.TensorSpec` describing one item.
       capacity: how many items the buffer holds at most.
       stateful_dataset: whether `as_dataset` carries state (the buffer) that
         tf.data should not try to serialize; sets the dataset's options.
     """
+
+    _sample: Callable[[Any], tuple[Nest, BufferInfo]]
 
     def __init__(self, data_spec: Nest, capacity: int, stateful_dataset: bool = False, name: str | None = None):
         super().__init__(name=name)
@@ -297,9 +303,6 @@ class ReplayBuffer(tf.Module, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def _add_batch(self, items: Nest) -> Any: ...
-
-    @abc.abstractmethod
-    def _sample(self, request: Any) -> Any: ...
 
     @abc.abstractmethod
     def _sample_tensors(self, request: Any) -> tuple[Nest, BufferInfo]:

@@ -14,6 +14,7 @@ the consistent read, tracing, and the trackables a checkpoint saves (which
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -115,6 +116,7 @@ class Buffer(ReplayBuffer):
             object.__setattr__(self, "_requests", _Requests())
             insert_size = self._num_segments if twin.lockstep else 1
             object.__setattr__(self, "_gate", Gate(rate_limiter, where, self._capacity, insert_size))
+            object.__setattr__(self, "_sample", functools.partial(calls.get_next, parts, twin, self._gate))
             for name, trackable in twin.bind(
                 parts, self.checkpoint_layout(), self._gate, self._num_frames, where
             ).items():
@@ -219,9 +221,6 @@ class Buffer(ReplayBuffer):
 
     def _add_batch(self, items: Nest) -> Any:
         return calls.add(self._parts, self._twin, self._gate, "add_batch", self._data_spec, items)
-
-    def _sample(self, request: Request) -> tuple[Nest, BufferInfo]:
-        return calls.get_next(self._parts, self._twin, self._gate, request)
 
     def _sample_tensors(self, request: Request) -> tuple[Nest, BufferInfo]:
         return calls.sample_tensors(self._parts, self._twin, self._gate, request)

@@ -131,7 +131,7 @@ def update_priorities(parts: Parts, backend: Backend, ids: Any, priorities: Any)
     sampler, limit = parts.sampler, parts.sampler.priority_limit
     if not backend.is_tf:
         ids, values = write.numpy_priorities(ids, priorities)
-        view = parts.cached_view(parts.window, False, backend.draw, backend.uniform)
+        view = parts.cached_view(parts.window, False, backend)
         checked = sampler.checks_priorities(view)  # the compiled update refuses bad values itself, as -1
         write.check_priorities(ids.shape, values.shape, None if checked else values, limit)
         if ids.ndim != 1:
@@ -149,7 +149,7 @@ def update_priorities(parts: Parts, backend: Backend, ids: Any, priorities: Any)
         return update(ids, values)
     write.check_priorities(ids.shape, values.shape, None)
     stale = _update(parts, backend, ids, values)
-    if sampler.checks_priorities(parts.cached_view(parts.window, False, backend.draw, backend.uniform)):
+    if sampler.checks_priorities(parts.cached_view(parts.window, False, backend)):
         return stale  # the compiled update raises on a bad priority itself
     return backend.check(stale >= 0, stale, write.PRIORITIES_RULE)  # -1: a bad priority, nothing written
 
@@ -158,13 +158,13 @@ def _update(parts: Parts, backend: Backend, ids: tf.Tensor, priorities: tf.Tenso
     """A TF update: without the lock where the sampler's compiled update allows it (it reads the counters'
     variable itself: the in-place view), else under the lock."""
     with backend.placement():
-        unlocked = parts.cached_view(parts.window, False, backend.draw, backend.uniform)
+        unlocked = parts.cached_view(parts.window, False, backend)
         fused = parts.sampler.unlocked_update(unlocked, ids, priorities)
         if fused is not None:
             return fused[1]
 
         def locked() -> Any:
-            view = parts.view(parts.window, False, backend.draw, backend.uniform, backend.ops.read)
+            view = parts.view(parts.window, False, backend, backend.ops.read)
             return write.update_priorities(parts, view, ids, priorities)
 
         return backend.exclusive(locked)
@@ -194,9 +194,7 @@ def clear(parts: Parts, backend: Backend, also: Any = None) -> Any:
 def mass(parts: Parts, backend: Backend, window: Any, padded: bool, num_steps: int | None) -> Any:
     """What the sampler would draw from now (`sampling_mass`; 0: nothing), read under the lock."""
     ops = backend.ops
-    return backend.exclusive(
-        lambda: parts.sampler.mass(parts.view(window, padded, backend.draw, backend.uniform, ops.read), num_steps)
-    )
+    return backend.exclusive(lambda: parts.sampler.mass(parts.view(window, padded, backend, ops.read), num_steps))
 
 
 def _zeros(parts: Parts, req: Request) -> tuple[Nest, BufferInfo]:

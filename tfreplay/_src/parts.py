@@ -66,16 +66,18 @@ class Parts:
             return self.window, False
         return (self.storage.window if self.rule is not None else None), bool(transform.padded)
 
-    def view(self, window: Shape | None, padded: bool, draw: Callable, uniform: Callable, read: Callable) -> View:
-        """What the sampler may read now, each state array through `read` (a copy, a variable read, or as is)."""
+    def view(self, window: Shape | None, padded: bool, backend: Any, read: Callable) -> View:
+        """What the sampler may read now, each state array through `read` (a copy, a variable read, or as is);
+        its random draws are the backend's."""
         has_index = window is not None
         return View(
             ops=self.ops,
             num_adds=read(self.num_adds),
             max_length=self.max_length,
             num_segments=self.num_segments,
-            draw=draw,
-            uniform=uniform,
+            draw=backend.draw,
+            pick=backend.pick,
+            uniform=backend.uniform,
             window=window,
             pos_at=self.pos_at if has_index else None,
             pos_counts=read(self.pos_counts) if has_index else None,
@@ -83,17 +85,21 @@ class Parts:
             newest=read(self.newest) if padded and has_index else None,
         )
 
-    def cached_view(self, window: Shape | None, padded: bool, draw: Callable, uniform: Callable) -> View:
+    def cached_view(self, window: Shape | None, padded: bool, backend: Any) -> View:
         """`view` of the state arrays themselves, not read (a NumPy sample under the lock, where nothing moves,
         or a TF update whose compiled op reads the counters' variable itself): made once per kind of window."""
         view = self.views.get((window, padded))
         if view is None:
-            view = self.views[window, padded] = self.view(window, padded, draw, uniform, _in_place)
+            view = self.views[window, padded] = self.view(window, padded, backend, _in_place)
         return view
 
 
 def _in_place(array: Any) -> Any:
     return array
+
+
+def _unset() -> Any:
+    raise AssertionError("a Request's read is chosen by `sample.request`, which makes every Request")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +118,8 @@ class Request:
       steps: per leaf, the step a transform reads it at (`transform.leaf_steps`); empty: whole windows.
       key: names this kind of sample (traced functions are kept per key).
       lookups: leaf paths the transform reads at one more step of each window's episode (`transforms/lookups.py`).
+      read: the bulk read of a plan (`sample.plan`), chosen with the request: the storage's read of whole
+        windows, or a transform's windows with their mask (and lookups).
     """
 
     size: int
@@ -125,6 +133,7 @@ class Request:
     steps: tuple
     key: str
     lookups: tuple = ()
+    read: Callable[[Any], Any] = dataclasses.field(default=lambda plan: _unset(), compare=False, repr=False)
 
 
 def index_state(make: Callable, num_segments: int, capacity: int) -> dict:

@@ -11,6 +11,8 @@ axis of an unbatched sample and splits windows into steps unless
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 import tensorflow as tf
@@ -60,7 +62,10 @@ def request(
     key = f"{sample_batch_size}/{num_steps}/{time_stacked}/{transform!r}"
     size = 1 if sample_batch_size is None else int(sample_batch_size)
     batched = sample_batch_size is not None
-    return Request(size, batched, num_steps, n, time_stacked, transform, window, padded, steps, key, looked)
+    req = Request(size, batched, num_steps, n, time_stacked, transform, window, padded, steps, key, looked)
+    if transform is None:  # the storage reads whole windows itself
+        return dataclasses.replace(req, read=functools.partial(parts.storage.read, num_steps=num_steps, ops=parts.ops))
+    return dataclasses.replace(req, read=functools.partial(_read_transformed, parts, req))
 
 
 def _check_transform(parts: Parts, where: str, num_steps: Any, transform: Any) -> tuple[tuple, tuple]:
@@ -196,11 +201,8 @@ def compiled_plan(parts: Parts, segment: Any, t: Any, rows: Any, mask: Any, last
     return (read_plan, mask, last, rows[0], last_rows) if req.steps else (read_plan, mask)
 
 
-def read(parts: Parts, read_plan: Any, req: Request) -> Any:
-    """The bulk read of a plan: items, or with a transform `(items, mask)` (and a `Lookup` with lookups)."""
-    ops = parts.ops
-    if req.transform is None:
-        return parts.storage.read(read_plan, req.num_steps, ops)
+def _read_transformed(parts: Parts, req: Request, read_plan: Any) -> tuple:
+    """A transform's read of a plan (`Request.read`): `(items, mask)`, and a `Lookup` with lookups."""
     if req.lookups:  # the windows, then what the transform looks up
         read_plan, looked = read_plan
         return (*_read_windows(parts, read_plan, req), lookups.read(parts, looked, req))

@@ -80,6 +80,10 @@ class Backend(Protocol):
         """Uniform int64 draws in `[0, total)` (any defined value when `total` is 0)."""
         ...
 
+    def pick(self, shape: list, total: Any) -> tuple[Any, Any]:
+        """`draw(shape, total)` and each draw's float32 probability, `1 / total` (0 when `total` is 0)."""
+        ...
+
     def uniform(self, shape: list) -> Any:
         """Uniform float64 draws in `[0, 1)`."""
         ...

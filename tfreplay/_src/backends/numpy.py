@@ -134,6 +134,12 @@ class NumpyTwin(BackendBase):
         """Uniform int64 draws in `[0, total)` (any defined value when `total` is 0)."""
         return self.rng.integers(0, max(int(total), 1), size=shape, dtype=np.int64)
 
+    def pick(self, shape: list, total: Any) -> tuple[np.ndarray, np.ndarray]:
+        """`draw` and its probability in one call: the uniform sampler's whole draw."""
+        total = int(total)
+        draws = self.rng.integers(0, max(total, 1), size=shape, dtype=np.int64)
+        return draws, np.full(shape, 1.0 / total if total else 0.0, np.float32)
+
     def uniform(self, shape: list) -> np.ndarray:
         return self.rng.random(shape)
 
@@ -148,14 +154,14 @@ class NumpyTwin(BackendBase):
         generator = self.rng.bit_generator
         with self.lock:
             if view is None:
-                view = parts.cached_view(req.window, req.padded, self.draw, self.uniform)
+                view = parts.cached_view(req.window, req.padded, self)
             before = generator.state
             planned = self.plan_windows(parts, req, self.draw, view) if req.window is not None or req.padded else None
             read_plan, ids, probs, count = sample.plan(parts, view, req) if planned is None else planned
             if count <= 0:  # the draw is undone (under the lock: no other draw comes between)
                 generator.state = before
                 return None, None, 0
-            items = sample.read(parts, read_plan, req)
+            items = req.read(read_plan)
         return (*sample.package(items, ids, probs, req, NUMPY_OPS, split=False), count)
 
     def consistent(self, parts: Parts, fn: Callable[[], tuple], where: str, strict: bool = False) -> Any:

@@ -213,6 +213,9 @@ class TFTwin(BackendBase):
             maxval=tf.maximum(tf.cast(total, tf.int64), 1),
         )
 
+    def pick(self, shape: list, total: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        return self.draw(shape, total), TF_OPS.probability(shape, total)
+
     def uniform(self, shape: list) -> tf.Tensor:
         if under_xla():
             return self.rng.uniform(shape, dtype=tf.float64)

@@ -133,9 +133,9 @@ def _rewind(twin: Any, state: tf.Tensor) -> tf.Tensor:
 def read(parts: Parts, twin: Any, req: Request) -> tuple:
     """`(items, ids, probabilities, count)` of `req` (see the module docstring); `twin` is the `TFTwin`."""
     if under_xla():  # no lock and no concurrency
-        view = parts.view(req.window, req.padded, twin.draw, twin.uniform, TF_OPS.read)
+        view = parts.view(req.window, req.padded, twin, TF_OPS.read)
         read_plan, ids, probs, count = samples.plan(parts, view, req)
-        return samples.read(parts, read_plan, req), ids, probs, count
+        return req.read(read_plan), ids, probs, count
     large = req.size * req.n * spec_nbytes(parts.storage.item_spec) >= UNLOCKED_READ_BYTES
     attempt = lambda: _draw_and_read(parts, twin, req)  # noqa: E731
     whole, first = twin.counters.whole(parts, attempt, strict=not large)
@@ -147,13 +147,13 @@ def _draw_and_read(parts: Parts, twin: Any, req: Request) -> tuple:
     draw is one XLA-compiled function (its array ops would be a hundred small ones)."""
 
     def draw() -> tuple:
-        view = parts.view(req.window, req.padded, twin.draw, twin.uniform, TF_OPS.read)
+        view = parts.view(req.window, req.padded, twin, TF_OPS.read)
         return (*samples.plan(parts, view, req), view.num_adds)
 
     if req.window is not None:
         draw = twin.eager.get(f"plan/{req.key}", draw, jit_compile=True)
     read_plan, ids, probs, count, num_adds = draw()
-    items = samples.read(parts, read_plan, req)
+    items = req.read(read_plan)
     return (items, ids, probs, count), samples.rows_read(read_plan, req), num_adds
 
 

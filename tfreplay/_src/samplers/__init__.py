@@ -46,7 +46,10 @@ class View:
     run past their episode's end (`episodes.young_starts` is the rule;
     `newest`: the index's `[pos, ended]` of each segment's newest item).
     `num_adds` holds the ring's counters as read for this view (for an update
-    that takes no lock, the TF counters' variable itself).
+    that takes no lock, the TF counters' variable itself). The random draws
+    are the backend's: `draw(shape, total)` gives int64 draws uniform in
+    `[0, total)`, `pick(shape, total)` the same draws with each one's float32
+    probability (`1 / total`), and `uniform(shape)` float64 draws in `[0, 1)`.
     """
 
     ops: Any
@@ -54,6 +57,7 @@ class View:
     max_length: int
     num_segments: int
     draw: Callable[[list, Any], Any]
+    pick: Callable[[list, Any], tuple[Any, Any]]
     uniform: Callable[[list], Any]
     window: Shape | None = None
     pos_at: Callable[[Any], Any] | None = None

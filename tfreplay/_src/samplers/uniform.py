@@ -60,9 +60,9 @@ class UniformSampler(SamplerBase):
             num_live = ops.minimum(adds, view.max_length)  # as `ring.live_range`
             min_id, per = adds - num_live, ops.maximum(num_live - n + 1, 0)
             count = per * view.num_segments
-            draws = view.draw([size], count)
+            draws, probs = view.pick([size], count)
             per = ops.maximum(per, 1)  # an empty buffer still maps draws to rows
-            return draws // per, min_id + draws % per, ops.probability([size], count), count
+            return draws // per, min_id + draws % per, probs, count
         assert view.pos_at is not None  # a window goes with the episode index
         window = view.window
         start, counts = window.draw_range(view.num_adds, view.max_length, 1 if view.padded else n, ops)
@@ -71,8 +71,9 @@ class UniformSampler(SamplerBase):
             counts = ops.maximum(counts - young, 0)
             if window.lead == 0 and window.history == 0:  # rows: every item in range starts a window
                 count = ops.sum(counts)
-                seg, offset = ring.locate(view.draw([size], count), counts, ops)
-                return seg, ops.gather(start, seg) + offset, ops.probability([size], count), count
+                draws, probs = view.pick([size], count)
+                seg, offset = ring.locate(draws, counts, ops)
+                return seg, ops.gather(start, seg) + offset, probs, count
             m, last, less = 1, view.num_adds - 1 - young, ops.sum(young)  # last: the newest start drawable
         else:
             m, last, less = n, None, 0  # m: the window length whose validity a start needs
