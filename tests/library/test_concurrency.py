@@ -9,6 +9,7 @@ sample must show exactly what the final buffer holds at the sampled id.
 import functools
 import inspect
 import os
+import subprocess
 import sys
 import threading
 
@@ -346,3 +347,33 @@ def test_a_failed_call_leaves_the_buffer_unlocked_and_usable(kind, name):
     assert_unlocked_and_whole(api, {})
     api.add_steps(3)
     assert_unlocked_and_whole(api, {})
+
+
+# A script whose datasets are still prefetching when it ends: their iterators are destroyed while the interpreter
+# finalizes, and a Python call TF's threads start then must not hang the exit (in most runs it did).
+EXIT_SCRIPT = """
+import numpy as np, tensorflow as tf, tfreplay
+spec = {"obs": tf.TensorSpec([4], tf.float32), "reward": tf.TensorSpec([], tf.float32)}
+py = tfreplay.PyUniformReplayBuffer(spec, batch_size=16, max_length=1024, seed=0)
+for _ in range(1024):
+    py.add_batch({"obs": np.zeros([16, 4], np.float32), "reward": np.ones([16], np.float32)})
+tf_rb = tfreplay.TFUniformReplayBuffer(spec, batch_size=4, max_length=256, seed=0, rate_limiter=tfreplay.MinSize(1))
+tf_rb.add_batch({"obs": tf.zeros([4, 4]), "reward": tf.ones([4])})
+iterators = [iter(py.as_dataset(1024, num_steps=4, num_parallel_calls=tf.data.AUTOTUNE)) for _ in range(3)]
+iterators += [iter(py.as_dataset(1024, num_steps=4)), iter(tf_rb.as_dataset(8))]
+for _ in range(10):  # the readers keep the prefetch threads busy up to the end
+    for it in iterators:
+        next(it)
+print("sampled")
+"""
+
+
+def test_a_script_exits_while_its_datasets_prefetch(tmp_path):
+    script = tmp_path / "prefetching.py"
+    script.write_text(EXIT_SCRIPT)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    try:
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a script with prefetching datasets hung at exit")
+    assert run.returncode == 0 and run.stdout.strip() == "sampled", run.stderr[-3000:]

@@ -19,6 +19,7 @@ import ray
 import tensorflow as tf
 
 from tfreplay._src.api import BufferInfo
+from tfreplay._src.arrays import py_calls
 from tfreplay._src.specs import Nest
 from tfreplay.distributed import ids as service_ids
 
@@ -171,7 +172,7 @@ class Sampling:
             return leaves + [ids, probs]
 
         specs_ = leaf_specs + [ids_spec, probs_spec]
-        out = tf.numpy_function(draw, [], [s.dtype for s in specs_], stateful=True)
+        out = py_calls.numpy_function(draw, [], [s.dtype for s in specs_])
         for tensor, spec in zip(out, specs_):
             tensor.set_shape(spec.shape)
         items = tf.nest.pack_sequence_as(self._d["item_spec"], out[:-2])

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import sample, specs
+from tfreplay._src.arrays import py_calls
 from tfreplay._src.arrays.ops import NUMPY_OPS
 from tfreplay._src.backends import BackendBase, numpy_windows
 from tfreplay._src.backends.memmap import MemmapFiles
@@ -176,7 +177,7 @@ class NumpyTwin(BackendBase):
         def call(*args: Any) -> list:
             return [np.asarray(x, s.dtype.as_numpy_dtype) for x, s in zip(tf.nest.flatten(fn(*args)), flat_specs)]
 
-        out = tf.numpy_function(call, inputs, [s.dtype for s in flat_specs], stateful=True)
+        out = py_calls.numpy_function(call, inputs, [s.dtype for s in flat_specs])
         for tensor, spec in zip(out, flat_specs):
             tensor.set_shape(spec.shape)
         return tf.nest.pack_sequence_as(out_specs, out)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src.arrays import py_calls
 from tfreplay._src.arrays.ops import under_xla
 from tfreplay._src.rate_limiting.limiter import BufferClosedError, RateLimiter
 
@@ -125,7 +126,7 @@ class Gate:
                 raise StopIteration(str(err)) from None  # a py function's StopIteration is OutOfRangeError
             return np.bool_(True)
 
-        return [tf.numpy_function(admit, [], tf.bool, stateful=True, name="rate_limiter_wait")]
+        return [py_calls.numpy_function(admit, [], tf.bool, name="rate_limiter_wait")]
 
     def settle_op(self, where: str, side: str, n: int, ok: Any, value: Any) -> Any:
         """In a graph: `value` once the call's items are settled (`ok`: whether the call succeeded)."""
@@ -139,7 +140,7 @@ class Gate:
             return np.bool_(True)
 
         def op() -> tf.Tensor:
-            return tf.numpy_function(settle, [ok], tf.bool, stateful=True, name="rate_limiter_settle")
+            return py_calls.numpy_function(settle, [ok], tf.bool, name="rate_limiter_settle")
 
         # A sample only needs the limiter when it failed; an insert always commits.
         done = op() if side == "insert" else tf.cond(ok, lambda: tf.constant(True), op)
@@ -170,7 +171,7 @@ class Gate:
             return np.int64(1 if admitted else 0)
 
         def status(_: Any) -> tf.Tensor:
-            return tf.ensure_shape(tf.numpy_function(poll, [], tf.int64, stateful=True, name="rate_limiter_tick"), [])
+            return tf.ensure_shape(py_calls.numpy_function(poll, [], tf.int64, name="rate_limiter_tick"), [])
 
         return counter.map(status).take_while(_open).filter(_admitted)
 
@@ -188,7 +189,7 @@ class Gate:
             return np.bool_(True)
 
         with tf.control_dependencies(tf.nest.flatten(out)):
-            done = tf.numpy_function(reset, [], tf.bool, stateful=True, name="rate_limiter_reset")
+            done = py_calls.numpy_function(reset, [], tf.bool, name="rate_limiter_reset")
         with tf.control_dependencies([done]):
             return tf.nest.map_structure(tf.identity, out)
 

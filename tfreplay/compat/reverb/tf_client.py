@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfreplay._src.arrays import py_calls
 from tfreplay.compat.reverb.engine.items import Column
 from tfreplay.compat.reverb.errors import DtypeMismatchError
 from tfreplay.compat.reverb.replay_sample import ReplaySample, SampleInfo
@@ -70,7 +71,7 @@ class TFClient:
             out = [tf.constant(x) for x in draw(self._address, table)]
         else:
             names = [tf.convert_to_tensor(self._address, tf.string), tf.convert_to_tensor(table, tf.string)]
-            out = tf.numpy_function(draw, names, _INFO_DTYPES + dtypes, name=name or f"{self._name}_sample")
+            out = py_calls.numpy_function(draw, names, _INFO_DTYPES + dtypes, name=name or f"{self._name}_sample")
             for t in out[:5]:
                 t.set_shape([])
         return ReplaySample(SampleInfo(*out[:5]), tf.nest.pack_sequence_as(data_dtypes, out[5:]))
@@ -98,7 +99,7 @@ class TFClient:
         if tf.executing_eagerly():
             return tf.constant(put(address, tables.numpy(), priorities.numpy(), *[x.numpy() for x in flat]))
         inputs = [tf.convert_to_tensor(address, tf.string), tables, priorities, *flat]
-        return tf.numpy_function(put, inputs, tf.bool, name=name or f"{self._name}_insert")
+        return py_calls.numpy_function(put, inputs, tf.bool, name=name or f"{self._name}_insert")
 
     def update_priorities(self, table: str, keys: Any, priorities: Any, name: str | None = None) -> Any:
         """Sets the priorities of `keys` (unknown keys are ignored)."""
@@ -119,6 +120,6 @@ class TFClient:
         if tf.executing_eagerly():
             return tf.constant(update(self._address, table, keys.numpy(), priorities.numpy()))
         names = [tf.convert_to_tensor(self._address, tf.string), tf.convert_to_tensor(table, tf.string)]
-        return tf.numpy_function(
+        return py_calls.numpy_function(
             update, [*names, keys, priorities], tf.bool, name=name or f"{self._name}_update_priorities"
         )
