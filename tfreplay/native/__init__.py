@@ -80,7 +80,7 @@ _KERNELS = {
     ),
     "frame_stack": _Kernel(
         "the frame-stacking TF op",
-        "TFFrameReplayBuffer stacks frames with XLA instead, about 1.5x slower (get_next(32) of Atari frames)",
+        "TFFrameReplayBuffer stacks frames with XLA instead, about 1.2x slower (get_next(32) of Atari frames)",
         "35 s",
     ),
 }
