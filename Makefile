@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
+.PHONY: test test-slow compat-venvs demo test-pythons bench bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -172,7 +172,8 @@ test-compat: $(COMPAT_OPS)
 # The Reverb lane: TF-Agents' own Reverb tests (from the 0.19.0 wheel) against tfreplay.compat.reverb, `import reverb`
 # redirected by tests/compat/reverb_redirect.py: (a) in the compat venv (TF 2.15, where the real dm-reverb also
 # installs), with tfreplay's Reverb tests and, in a pytest of their own (no redirect), the differential tests against
-# the real Reverb; (b) on current TensorFlow in .venv-reverb: TF 2.21 with tf-agents --no-deps.
+# the real Reverb; (b) on current TensorFlow in .venv-reverb: TF 2.21 with tf-agents --no-deps. tfreplay's slow Reverb
+# tests (processes, servers and stress runs) are `make test-slow`'s, on current TensorFlow.
 TFA_REVERB = replay_buffers/reverb_replay_buffer_test.py replay_buffers/reverb_utils_test.py \
 	experimental/distributed/reverb_variable_container_test.py train/utils/replay_buffer_utils_test.py
 REVERB_VENV := .venv-reverb
@@ -198,12 +199,16 @@ $(REVERB_OPS): $(REVERB_STAMP) $(KERNELS)
 	PYTHONPATH=$(CURDIR) $(REVERB_PY) -m tfreplay.native build
 	touch $(REVERB_OPS)
 
+# Both compatibility venvs and their TF ops, without running a test (.ci/run sets them up beside the slow lane).
+compat-venvs: $(COMPAT_OPS) $(REVERB_OPS)
+
 # The servers these lanes start listen on the loopback interface only.
 test-reverb reverb-dqn reverb-sac: export TFREPLAY_REVERB_HOST = 127.0.0.1
 
 test-reverb: $(COMPAT_OPS) $(REVERB_OPS)
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) $(REVERB_PYTEST) \
-		$(addprefix $(call TFA_ROOT,$(COMPAT_PY))/,$(TFA_REVERB)) tests/compat/reverb --ignore=tests/compat/reverb/test_differential.py
+		-m "not slow" $(addprefix $(call TFA_ROOT,$(COMPAT_PY))/,$(TFA_REVERB)) tests/compat/reverb \
+		--ignore=tests/compat/reverb/test_differential.py
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest -q --durations=20 -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
 		tests/compat/reverb/test_differential.py
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(REVERB_PY) $(REVERB_PYTEST) $(addprefix $(call TFA_ROOT,$(REVERB_PY))/,$(TFA_REVERB))

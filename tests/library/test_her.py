@@ -162,8 +162,12 @@ def test_goals_come_from_the_items_episode_after_wrap_around(name, strategy):
     assert np.concatenate(relabeled).any()
 
 
-@pytest.mark.parametrize("mode", ["eager", "function", "dataset"])
-@pytest.mark.parametrize("name", quick(["tf-uniform", "tf-prioritized", "py-uniform"], "tf-uniform", "py-uniform"))
+# Each mode on the uniform twins; the prioritized TF buffer (the same relabeling after its own draw) in a graph.
+RELABEL_CASES = [(name, mode) for name in ("tf-uniform", "py-uniform") for mode in ("eager", "function", "dataset")]
+RELABEL_CASES.append(pytest.param("tf-prioritized", "function", marks=pytest.mark.slow))
+
+
+@pytest.mark.parametrize("name, mode", RELABEL_CASES)
 def test_relabeling_in_graphs_and_datasets(name, mode):
     if mode == "function" and name.startswith("py"):
         pytest.skip("a NumPy buffer reaches graphs through as_dataset")

@@ -95,7 +95,7 @@ def test_no_sample_graph_waits_on_the_buffer_mutex(kind, size):
 
 
 # Iterators made, read once and dropped per buffer (a count, not a time); raise it for a longer soak.
-SOAK_ITERATORS = int(os.environ.get("TFREPLAY_SOAK_ITERATORS", "4"))
+SOAK_ITERATORS = int(os.environ.get("TFREPLAY_SOAK_ITERATORS", "2"))
 
 
 def run_pattern(rb, add, size: int, check, cycles: int = SOAK_ITERATORS, also=None) -> int:

@@ -145,8 +145,11 @@ SETTINGS = settings(
 
 
 # The TF twin runs the same rules in fewer examples: the NumPy twin's 100 (in `make test`) cover the model, and
-# each TF example costs eager calls and a trace per buffer layout.
-@settings(SETTINGS, max_examples=50)
+# each TF example costs eager calls and a trace per buffer layout. TFREPLAY_TF_MODEL_EXAMPLES raises them.
+TF_EXAMPLES = int(os.environ.get("TFREPLAY_TF_MODEL_EXAMPLES", "24"))
+
+
+@settings(SETTINGS, max_examples=TF_EXAMPLES)
 class TFRingModel(RingModel):
     KIND = "tf"
 
@@ -301,7 +304,7 @@ class FrameRingModel(RuleBasedStateMachine):
         ref.check(everything, order)
 
 
-@settings(SETTINGS, max_examples=20, stateful_step_count=20)
+@settings(SETTINGS, max_examples=max(1, TF_EXAMPLES // 2), stateful_step_count=20)
 class TFFrameRingModel(FrameRingModel):
     KIND = "tf"
 

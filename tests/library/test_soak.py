@@ -39,7 +39,7 @@ from tfreplay import (
     frame_data_spec,
 )
 
-RACE_ROUNDS = int(os.environ.get("TFREPLAY_SOAK_ROUNDS", "8"))  # of the slowest side
+RACE_ROUNDS = int(os.environ.get("TFREPLAY_SOAK_ROUNDS", "4"))  # of the slowest side
 JOIN_SECONDS = 60.0  # after the stop: a side still running then is stuck
 KILL_SECONDS = 300.0  # the whole test, in case the test's own thread hangs
 SEGMENTS, RING, SAMPLE = 4, 24, 8  # the ring of every buffer wraps every 24 adds

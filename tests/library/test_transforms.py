@@ -524,9 +524,15 @@ BAD_CALLS = [
 ]
 
 
-@pytest.mark.parametrize("kind", quick(sorted(ROWS), "py"))
-@pytest.mark.parametrize("call, error, match", BAD_CALLS)
-def test_bad_calls_raise_and_change_nothing(kind, call, error, match):
+# Every refusal on the NumPy twin; on the TF twin (a trace per buffer, seconds each) one of the request's checks and
+# one of a transform's against the spec: the checks are the same code for both.
+BAD_CALL_CASES = [(*case, "py") for case in BAD_CALLS] + [
+    pytest.param(*BAD_CALLS[i], "tf", marks=pytest.mark.slow) for i in (0, 5)
+]
+
+
+@pytest.mark.parametrize("call, error, match, kind", BAD_CALL_CASES)
+def test_bad_calls_raise_and_change_nothing(call, error, match, kind):
     rng = np.random.default_rng(1)
     streams = [episode_stream(rng, 20, max_episode=5) for _ in range(2)]
     rb, twin = (fill_rows(kind, streams, max_length=12, seed=8) for _ in range(2))

@@ -1,6 +1,6 @@
 """A server in another process: writers, samplers, datasets and TF clients reach it over gRPC, with Reverb's
 semantics and errors; the standalone server's entry point and config; a server that dies or restarts. The tests
-that start processes beyond the one server are marked slow (`make test-reverb` runs them all)."""
+that start processes beyond the one server are marked slow (`make test-slow` runs them, on current TensorFlow)."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ with reverb.Client(sys.argv[1]).trajectory_writer(1) as writer:
 """
 
 
-@pytest.mark.slow  # more processes: `make test-reverb` and `make test-slow` run it
+@pytest.mark.slow  # more processes: `make test-slow` runs it
 def test_a_sampler_waits_for_the_rate_limiter_until_a_writer_process_inserts(server):
     client = reverb.Client(server.address)
     got: list = []
@@ -178,7 +178,7 @@ for version in range(1, 4):  # flattened as the signature: version, then w
 """
 
 
-@pytest.mark.slow  # more processes: `make test-reverb` and `make test-slow` run it
+@pytest.mark.slow  # more processes: `make test-slow` runs it
 def test_a_variable_container_pushed_by_a_learner_process_is_pulled_by_an_actor(server):
     finish(client_process(LEARNER, server.address))
     actor = reverb.TFClient(server.address)
@@ -196,7 +196,7 @@ def checkpointed_config(tmp_path: pathlib.Path, port: int) -> dict:
     return {"port": port, "checkpoint_dir": str(tmp_path / "checkpoints"), "tables": [table]}
 
 
-@pytest.mark.slow  # more processes: `make test-reverb` and `make test-slow` run it
+@pytest.mark.slow  # more processes: `make test-slow` runs it
 def test_a_checkpoint_taken_across_processes_is_served_by_a_restarted_server(tmp_path):
     config = checkpointed_config(tmp_path, free_port())
     first = ServerProcess(config, tmp_path)
@@ -219,7 +219,7 @@ def test_a_checkpoint_taken_across_processes_is_served_by_a_restarted_server(tmp
         assert second.stop() == 0
 
 
-@pytest.mark.slow  # more processes: `make test-reverb` and `make test-slow` run it
+@pytest.mark.slow  # more processes: `make test-slow` runs it
 def test_a_killed_server_fails_its_clients_within_their_timeout(tmp_path):
     process = ServerProcess({"tables": [{"name": "q", "max_size": 5, **QUEUE, "rate_limiter": MIN_SIZE_1}]}, tmp_path)
     errors: list = []
@@ -246,7 +246,7 @@ def test_a_killed_server_fails_its_clients_within_their_timeout(tmp_path):
     assert time.monotonic() - start < 10
 
 
-@pytest.mark.slow  # more processes: `make test-reverb` and `make test-slow` run it
+@pytest.mark.slow  # more processes: `make test-slow` runs it
 def test_a_server_in_this_process_is_reached_by_another_process_and_wait_returns_once_it_stops(serve):
     server, client = serve(reverb.Table.queue("handoff", 10))
     waiter = threading.Thread(target=server.wait)
