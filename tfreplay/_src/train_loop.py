@@ -7,10 +7,13 @@ buffers) `update_priorities`, as one function, and runs it `steps_per_call`
 times in a `tf.while_loop` inside one `tf.function` (XLA-compiled with
 `jit_compile`). The graph holds one iteration whatever `steps_per_call` is.
 
-Iterations run one after the other (`parallel_iterations=1`): each draws from
-the buffer's generator after the previous one's priority update, so the
-samples, and the results, are those of the same number of separate
-`get_next` + step calls from the same seed.
+Steps run one after the other (`parallel_iterations=1`), and the draws come
+in the order of separate calls, so the samples, and the results, are those of
+the same number of separate `get_next` + step calls from the same seed. A
+prioritized buffer draws after the previous iteration's priority update. A
+uniform draw does not depend on the step, so each iteration draws the next
+one's sample while its step runs: where the step leaves a core idle, the
+draw takes it.
 
 A rate limiter admits a call as `steps_per_call * sample_batch_size` samples
 at once, before the loop runs (eagerly in Python, in a graph through the
@@ -81,6 +84,8 @@ class TrainLoop:
         `tfreplay.compose.Buffer` on a `TFTwin`).
       step: `step(items, info) -> metrics`, a nest of tensors with static
         shapes (Keras 3 or tf-keras models and optimizers inside are fine).
+        It must not write to `buffer`: a uniform buffer draws the next
+        iteration's sample while the step runs.
         With a prioritized buffer it returns the pair `(metrics,
         priorities)`, a plain tuple: `priorities` shaped like `info.ids`
         (e.g. `|TD error| + eps`), or `None` to leave them.
@@ -191,35 +196,47 @@ class TrainLoop:
         return int(self._finished.numpy()) * self._request.size
 
     # The graph.
-    def _iteration(self) -> tuple[Nest, tf.Tensor]:
-        """One sample, step and priority update: `(metrics, whether the sample drew anything)`. AutoGraph
-        converts it for the step's sake; the library's own parts are marked not to be converted."""
-        items, info = _sample(self._door, self._request)
+    def _draw(self) -> tuple[Nest, BufferInfo]:
+        """One iteration's sample."""
+        return _sample(self._door, self._request)
+
+    def _train(self, items: Nest, info: BufferInfo) -> tuple[Nest, tf.Tensor]:
+        """One step and priority update: `(metrics, whether the sample drew anything)`. AutoGraph converts it
+        for the step's sake; the library's own parts are marked not to be converted."""
         return _after_step(self._buffer, self._prioritized, self._jit, info, self._step(items, info))
 
     def _run(self) -> tuple[Nest, tf.Tensor]:
-        # One iteration as one traced function (AutoGraph: the step's Python control flow), called in the loop.
-        iteration = tf.function(self._iteration).get_concrete_function()
-        outputs = iteration.structured_outputs[0]
+        # The draw and the step, each one traced function called in the loop. A uniform draw does not depend on
+        # the step, so iteration i draws iteration i + 1's sample beside its step (the two run at once) and
+        # carries it; the draws come in the same order, so the samples are those of the serial loop. A
+        # prioritized draw waits for the previous update, so it stays inside its own iteration.
+        draw = tf.function(self._draw, autograph=False).get_concrete_function()
+        ahead = not self._prioritized
+        sample_specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), draw.structured_outputs)
+        train = tf.function(self._train).get_concrete_function(*sample_specs)
+        outputs = train.structured_outputs[0]
         paths = specs.leaf_paths(outputs)
         starts = [_start(self._metrics, p, t, self._steps) for p, t in zip(paths, tf.nest.flatten(outputs))]
         init = tf.nest.pack_sequence_as(outputs, starts)
 
-        def body(i: tf.Tensor, acc: Nest, drawn: tf.Tensor) -> tuple:
+        def body(i: tf.Tensor, ready: Any, acc: Nest, drawn: tf.Tensor) -> tuple:
             with tf.control_dependencies([drawn]):  # after the previous iteration, its update included
-                metrics, ok = iteration()
+                items, info = ready if ahead else draw()
+                metrics, ok = train(items, info)
+                if ahead:  # the next iteration's sample; the last iteration draws none
+                    ready = tf.cond(i + 1 < self._steps, draw, lambda: (items, info))
             acc = tf.nest.map_structure(lambda a, m: _accumulate(self._metrics, a, m, i), acc, metrics)
             with tf.control_dependencies(tf.nest.flatten(metrics) + [ok]):
                 finished = self._finished.assign(tf.cast(i + 1, tf.int64), read_value=False)
             with tf.control_dependencies([finished]):
-                return i + 1, acc, drawn & ok
+                return i + 1, ready, acc, drawn & ok
 
         first = tf.cast(self._finished.assign(0), tf.int32)  # 0, once the count of a failed call is reset
-        _, acc, drawn = tf.while_loop(
-            lambda i, acc, drawn: i < self._steps,
+        _, _, acc, drawn = tf.while_loop(
+            lambda i, ready, acc, drawn: i < self._steps,
             body,
-            (first, init, tf.constant(True)),
-            parallel_iterations=1,  # each draw after the previous step's update: the unfused loop's samples
+            (first, draw() if ahead else (), init, tf.constant(True)),
+            parallel_iterations=1,  # iteration i's step before iteration i + 1's: the serial loop's results
             maximum_iterations=self._steps,
         )
         return tf.nest.map_structure(lambda a: _finish(self._metrics, a, self._steps), acc), drawn
