@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks import common, gpu, interleave, report
+from benchmarks import charts, common, gpu, interleave, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CALLS = 300
@@ -184,6 +184,42 @@ def test_interleaved_cases_set_beside_another_group_and_the_report_prints_them(t
     assert "1-minute load average 1.2 at the start, 2.5 at most" in text
     assert "| case | µs/op | items/s | x base | x u |" in text
     assert "| K=16 | 3,500,000 (3,000,000-4,000,000) | - | 2.50x (2.00-3.00) | 1.25x (1.00-1.50) parity |" in text
+
+
+def test_charts_draw_each_group_against_its_reference_with_the_runs_line(tmp_path):
+    pytest.importorskip("matplotlib")
+
+    def case(group, name, seconds, **extra):
+        return {"group": group, "case": name, "ops": 1, "calls": 1, "seconds": seconds, **extra}
+
+    result = {
+        "rounds": 3,
+        "seconds": 0.25,
+        "loads": [0.5, 0.75],
+        "about": "`test_x.py`, 2026-12-03; 2 CPUs",
+        "cases": [
+            case("learner", "K=16", [1.1, 1.3, 1.2]),
+            case("learner", "floor", [1.0, 1.0, 1.0], role="floor"),
+            case("learner", "K=64", [0.9, 1.1, 1.0]),
+            case("other", "only", [1.0, 1.0, 1.0]),
+            case("prio", "floor", [1.0, 1.0, 1.0], role="floor"),
+            case("prio", "K=16", [2.2, 2.6, 3.6], versus=["learner", "K=16"]),
+        ],
+    }
+    rows = {r["case"]: r for r in charts.bars(result, "learner")}
+    assert rows["floor"]["reference"] and not rows["floor"]["parity"]
+    assert (rows["K=16"]["median"], rows["K=16"]["low"], rows["K=16"]["high"]) == pytest.approx((1.2, 1.1, 1.3))
+    assert not rows["K=16"]["parity"] and rows["K=64"]["parity"]  # 0.9-1.1 holds 1.0
+    assert charts.caption(result).startswith("`test_x.py`, 2026-12-03; 2 CPUs; 3 interleaved rounds")
+    with pytest.raises(ValueError, match=r"charts: group 'other' has no baseline or floor case"):
+        charts.bars(result, "other")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"runs": [result]}))
+    (over,) = charts.bars(result, "prio", versus=True)  # K=16 over the learner's K=16, round by round
+    assert (over["median"], over["low"], over["high"], over["parity"]) == pytest.approx((2.0, 2.0, 3.0, False))
+    written = charts.main([str(path), "--out", str(tmp_path / "png"), "--groups", "learner", "prio"])
+    assert [p.name for p in written] == ["run-learner.png", "run-prio.png", "run-prio-versus.png"]
+    assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_interleaved_run_refuses_no_rounds_and_two_cases_of_one_name():
