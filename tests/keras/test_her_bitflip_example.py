@@ -48,6 +48,7 @@ def test_the_reward_in_tf_ops_is_zero_exactly_at_the_goal(example):
     np.testing.assert_array_equal(example.reached(achieved, tf.constant([[1.0, 0.0], [0.0, 1.0]])), [0.0, -1.0])
 
 
+@pytest.mark.slow  # two short training runs
 def test_with_her_the_greedy_policy_solves_five_bits_and_the_comparison_is_written(example, tmp_path, capsys):
     result = example.main(["--compare", "--bits=5", "--episodes=400", "--seed=0", f"--out={tmp_path}"])
     her, no_her = result["histories"][True], result["histories"][False]

@@ -368,6 +368,7 @@ print("sampled")
 """
 
 
+@pytest.mark.slow  # a subprocess importing TensorFlow
 def test_a_script_exits_while_its_datasets_prefetch(tmp_path):
     script = tmp_path / "prefetching.py"
     script.write_text(EXIT_SCRIPT)

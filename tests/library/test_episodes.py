@@ -140,6 +140,7 @@ def test_gather_all_is_batch_size_by_time_as_without_the_option(cls):
     tf.nest.map_structure(np.testing.assert_array_equal, everything, plain.gather_all())
 
 
+@pytest.mark.slow  # hundreds of adds on both twins
 def test_the_twins_agree_on_the_index_through_wrap_around():
     rng = np.random.default_rng(7)
     tf_rb, streams = fill("tf", rng, steps=41, max_episode=7, seed=3)

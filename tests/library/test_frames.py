@@ -258,7 +258,7 @@ def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, see
     assert scipy.stats.chisquare(list(counts.values())).pvalue > 1e-6, counts
 
 
-@pytest.mark.parametrize("twin", TWINS_QUICK)
+@pytest.mark.parametrize("twin", quick(TWINS, "py"))  # the TF race, seconds of threads, in the slow lane
 def test_readers_racing_a_writer_through_wrap_around_get_whole_stacks(twin):
     # A ring of 12 rows: the writer keeps overwriting the oldest frames that
     # readers may be stacking. Every sample must equal the reference stack

@@ -321,6 +321,7 @@ def test_a_fused_call_is_admitted_as_steps_per_call_samples(jit_compile):
     assert limiter.info().samples == 40
 
 
+@pytest.mark.slow  # threads and waits
 def test_a_fused_call_waits_for_a_collector_on_another_thread():
     limiter = SampleToInsertRatio(1.0, 4, (-8.0, 40.0), sample_timeout=10.0)
     rb = limited(limiter)

@@ -309,7 +309,7 @@ class TFFrameRingModel(FrameRingModel):
     KIND = "tf"
 
 
-@settings(SETTINGS, max_examples=100, stateful_step_count=25)
+@settings(SETTINGS, max_examples=50, stateful_step_count=25)
 class PyFrameRingModel(FrameRingModel):
     KIND = "py"
 
