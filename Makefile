@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow compat-venvs demo test-pythons bench bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
+.PHONY: test test-slow demo test-pythons bench bench-charts bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,10 @@ bench: $(VENV)/.installed-bench
 	mkdir -p .benchmarks
 	$(PY) $(BENCH_PYTEST) $(BENCH) $(ARGS)
 	$(PY) -m benchmarks.report $(BENCH_JSON)
+
+# The Benchmarks page's charts (docs/images/benchmarks/) from the interleaved runs it keeps in docs/data/benchmarks/.
+bench-charts: $(VENV)/.installed-bench
+	$(PY) -m benchmarks.charts docs/data/benchmarks/*.json --out docs/images/benchmarks
 
 bench-prioritized: $(VENV)/.installed-bench
 	$(MAKE) bench BENCH=benchmarks/test_prioritized.py ROUNDS=$(ROUNDS)
@@ -198,9 +202,6 @@ REVERB_OPS := $(REVERB_VENV)/.built-ops
 $(REVERB_OPS): $(REVERB_STAMP) $(KERNELS)
 	PYTHONPATH=$(CURDIR) $(REVERB_PY) -m tfreplay.native build
 	touch $(REVERB_OPS)
-
-# Both compatibility venvs and their TF ops, without running a test (.ci/run sets them up beside the slow lane).
-compat-venvs: $(COMPAT_OPS) $(REVERB_OPS)
 
 # The servers these lanes start listen on the loopback interface only.
 test-reverb reverb-dqn reverb-sac: export TFREPLAY_REVERB_HOST = 127.0.0.1

@@ -132,7 +132,7 @@ setup(
         "datasets": DATASETS,
         "minari": MINARI,
         # benchmarks/: pytest-benchmark runs them; test_prioritized.py and test_peers.py time cpprb beside tfreplay
-        "bench": ["pytest-benchmark>=4", "cpprb>=10.7"],
+        "bench": ["pytest-benchmark>=4", "cpprb>=10.7", "matplotlib>=3.5"],  # matplotlib: benchmarks.charts
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=1.10", "mkdocs-jupyter>=0.24"],
         "dev": TEST + ["pytest-benchmark", "pyinstrument"],
     },
