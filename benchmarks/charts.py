@@ -37,31 +37,19 @@ def bars(result: Dict[str, Any], group: str, versus: bool = False) -> List[Dict[
     every = {(c["group"], c["case"]): c for c in result["cases"]}
     out = []
     for case in cases:
-        if versus:
-            other = every.get(tuple(case.get("versus", ())))
-            if other is None:
-                continue
-            spread = interleave.ratio(case, other)
-            out.append(
-                {
-                    "case": case["case"],
-                    "median": spread.median,
-                    "low": spread.low,
-                    "high": spread.high,
-                    "parity": spread.parity,
-                    "reference": False,
-                }
-            )
+        other = every.get(tuple(case.get("versus", ()))) if versus else base
+        if other is None:  # with `versus`: a case set beside nothing
             continue
-        spread = interleave.ratio(case, base)
+        spread = interleave.ratio(case, other)
+        reference = case is other
         out.append(
             {
                 "case": case["case"],
                 "median": spread.median,
                 "low": spread.low,
                 "high": spread.high,
-                "parity": case is not base and spread.parity,
-                "reference": case is base,
+                "parity": not reference and spread.parity,
+                "reference": reference,
             }
         )
     return out
