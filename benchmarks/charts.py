@@ -74,11 +74,11 @@ def draw(result: Dict[str, Any], group: str, path: pathlib.Path, versus: bool = 
     import matplotlib.pyplot as plt
 
     rows = bars(result, group, versus)
-    base = (
-        f"the same case of {versus_group(result, group)}" if versus else next(r["case"] for r in rows if r["reference"])
-    )
     if versus:
-        group = f"{group} over {versus_group(result, group)}"
+        other = versus_group(result, group)
+        base, group = f"the same case of {other}", f"{group} over {other}"
+    else:
+        base = next(r["case"] for r in rows if r["reference"])
     height = 1.2 + 0.42 * len(rows)
     fig, ax = plt.subplots(figsize=(9, height))
     y = list(range(len(rows)))[::-1]
