@@ -16,7 +16,7 @@ import argparse
 import re
 import sys
 
-# The budget, in minutes (also written at the top of .ci/run): the whole run, and `make test`'s two passes.
+# The budget, in minutes (also written at the top of .ci/run): the whole run, and `make test`.
 BUDGET = {"total": 40.0, "test": 12.0}
 
 _LANE = re.compile(r"^::lane (\S+)(?: done in (\d+) s)?\s*$")

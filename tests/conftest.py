@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import tensorflow as tf
@@ -14,14 +15,23 @@ from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
 os.environ.setdefault("TFREPLAY_REVERB_HOST", "127.0.0.1")
 
 
+# The text that shows a test file may hold tests a mark selects: its name, or for `slow` also `helpers.quick`, which
+# marks the cases a matrix leaves out of `make test`.
+MARK_EVIDENCE = {"keras": ("keras",), "slow": ("slow", "quick(")}
+
+
 def pytest_ignore_collect(collection_path, config):
-    """Under `-m "keras ..."` (the Keras 3 passes of `make test` and `make test-slow`) a test file that never names
-    Keras holds no test the mark selects: it is not imported, which spares the pass most of its collection."""
-    if not (config.getoption("markexpr") or "").lstrip().startswith("keras "):
+    """Under a mark expression that only requires marks (`-m slow`, `-m keras`, `-m "keras and not slow"`, ...: the
+    two passes of `make test-slow`), a test file whose text shows none of a required mark holds no test the expression
+    selects: it is not imported, which spares the pass most of its collection."""
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
-    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return "keras" not in collection_path.read_text(encoding="utf-8") or None
-    return None
+    terms = [t.strip() for t in (config.getoption("markexpr") or "").split(" and ")]
+    required = [t for t in terms if t in MARK_EVIDENCE]
+    if not required or any(not re.fullmatch(r"(not )?\w+", t) for t in terms):
+        return None  # no mark required, or an expression this reading does not follow (or, parentheses)
+    text = collection_path.read_text(encoding="utf-8")
+    return any(not any(e in text for e in MARK_EVIDENCE[mark]) for mark in required) or None
 
 
 @pytest.fixture(params=sorted(VARIANTS))

@@ -10,7 +10,7 @@ from tfreplay.rl.drivers import Transition
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.keras  # about 10 s: a few hundred env and train steps
+pytestmark = [pytest.mark.keras, pytest.mark.slow]  # training runs: about 10 s each, a few hundred env and train steps
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ def example():
     return keras_dqn
 
 
+@pytest.mark.slow  # a training run
 def test_a_short_prioritized_run_trains_in_fit_and_restores_model_and_buffer_together(example, tmp_path, capsys):
     result = example.main(["--steps=600", "--prioritized", f"--checkpoint_dir={tmp_path}"])
     # 300 random steps, then 4 updates per fit step and 4 env steps per update: 300 // 16 = 18 fit steps, run as

@@ -107,7 +107,7 @@ SHAPE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", quick(list(SHAPE_CASES), "one", "batch-of-windows", "batch-of-windows-unstacked"))
+@pytest.mark.parametrize("case", quick(list(SHAPE_CASES), "one", "batch-of-windows"))
 def test_samples_have_the_documented_structure_dtypes_and_shapes(api, case):
     sample_batch_size, windowed, time_stacked = SHAPE_CASES[case]
     num_steps = api.kind.window if windowed else None
@@ -146,7 +146,7 @@ def test_dataset_element_spec_is_static_and_documented(kind, sample_batch_size, 
 
 
 @pytest.mark.parametrize("windowed", [False, True], ids=["items", "windows"])
-@pytest.mark.parametrize("num_adds", [4, WRAPPED], ids=["before-wrap", "after-wrap"])
+@pytest.mark.parametrize("num_adds", quick([4, WRAPPED], WRAPPED), ids=["before-wrap", "after-wrap"])
 def test_samples_are_valid_windows_drawn_with_their_exact_probability(api, num_adds, windowed):
     num_steps = api.kind.window if windowed else None
     api.add_steps(num_adds)

@@ -67,7 +67,7 @@ def test_samples_equal_the_reference_for_their_ids(twin, scenario):
 
 
 @pytest.mark.parametrize("twin", TWINS_QUICK)
-@pytest.mark.parametrize("num_steps", [2, 3])
+@pytest.mark.parametrize("num_steps", quick([2, 3], 3))
 def test_windows_are_consecutive_steps_of_one_episode(twin, num_steps):
     rb, ref = filled(twin, 3, 12, 4, 40)
     items, info = rb.get_next(sample_batch_size=200, num_steps=num_steps)
@@ -144,6 +144,7 @@ def test_get_next_inside_tf_function_matches_the_reference():
     ref.check(items, info.ids.numpy())
 
 
+@pytest.mark.slow  # a compile of each sample; `make test` compiles frame stacks in the fused loop's tests
 def test_get_next_under_xla_matches_the_reference_and_an_empty_buffer_gives_zeros():
     rb, ref = filled("tf", 3, 12, 4, 40)
     for num_steps in (None, 2):

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import KINDS, SPEC, make_items
+from helpers import KINDS, SPEC, make_items, quick
 
 import tfreplay
 
@@ -66,7 +66,7 @@ GRAPH_KINDS = ["uniform", "prioritized", "episodes", "frames"]
 
 
 @pytest.mark.parametrize("kind", GRAPH_KINDS)
-@pytest.mark.parametrize("size", [4, 4096])  # a small sample and one large enough to allow writes beside it
+@pytest.mark.parametrize("size", quick([4, 4096], 4096))  # a small sample and one large enough for writes beside it
 def test_no_sample_graph_waits_on_the_buffer_mutex(kind, size):
     rb = tf_buffer(kind, length=2048)
     for step in range(10):
@@ -170,8 +170,10 @@ def test_dropping_iterators_while_collectors_add_loses_and_tears_nothing(name):
     print(f"{name}: {check_all()} adds of 2 whole, {dropped} iterators dropped, none torn")  # with -s
 
 
+# The compiled loop on the plain TF buffer and on the one that is both prioritized and of frames: between them
+# they take every TF sampling path (a compile each costs most of the test).
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [name for name in sorted(KINDS) if KINDS[name].is_tf])
+@pytest.mark.parametrize("name", ["tf-uniform", "tf-prioritized-frame"])
 def test_dropping_iterators_beside_compiled_train_loop_calls_loses_and_tears_nothing(name):
     """The same pattern with XLA samples as well: after each dropped iterator a `TrainLoop(jit_compile=True)`
     call draws 4 samples of 64, which hold the buffer's lock while the collectors add. Sized by count:

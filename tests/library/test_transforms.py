@@ -214,7 +214,7 @@ def test_n_step_equals_a_direct_computation_over_wrapped_episodes(kind, mode):
     assert ended_inside > 20, "the streams should end many episodes inside windows"
 
 
-@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("mode", quick(["eager", "function"], "function"))
 @pytest.mark.parametrize("kind", sorted(FRAMES))
 def test_n_step_over_frames_equals_a_direct_computation(kind, mode):
     rng = np.random.default_rng(9)

@@ -98,8 +98,20 @@ SINGLE_PASS_CASES = {
 }
 
 
+# Every case on the NumPy twin; on the TF twin, whose windows come from its own storage, the cases that take shift,
+# drop and batching once each run in `make test`, the rest in `make test-slow`.
+TF_SINGLE_PASS = ("items", "windows-shift-1-drop", "batched-windows-short-dropped", "batched-windows-shift-1")
+SINGLE_PASS_MATRIX = [
+    pytest.param(
+        cls, case, id=f"{name}-{case}", marks=[pytest.mark.slow] * (name == "tf" and case not in TF_SINGLE_PASS)
+    )
+    for name, cls in (("tf", TFUniformReplayBuffer), ("py", PyUniformReplayBuffer))
+    for case in sorted(SINGLE_PASS_CASES)
+]
+
+
 @pytest.mark.parametrize("num_adds", quick([3, 6], 6), ids=["partial", "wrapped"])
-@pytest.mark.parametrize("case", sorted(SINGLE_PASS_CASES))
+@pytest.mark.parametrize("buffer_cls, case", SINGLE_PASS_MATRIX)
 def test_single_deterministic_pass(buffer_cls, case, num_adds):
     sample_batch_size, num_steps, shift, drop = SINGLE_PASS_CASES[case]
     rb = buffer_cls(SPEC, batch_size=3, max_length=4, dataset_window_shift=shift, dataset_drop_remainder=drop)

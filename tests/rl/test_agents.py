@@ -28,7 +28,9 @@ def weights(model):
     return [w.copy() for w in model.get_weights()]
 
 
-@pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, PyUniformReplayBuffer])
+@pytest.mark.parametrize(
+    "buffer_cls", [TFUniformReplayBuffer, pytest.param(PyUniformReplayBuffer, marks=pytest.mark.slow)]
+)
 def test_a_short_training_run_lowers_the_loss_and_changes_the_q_network(buffer_cls):
     tf.keras.utils.set_random_seed(0)
     rb = filled_buffer(buffer_cls)
