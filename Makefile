@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-charts bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs
+.PHONY: test test-slow demo test-pythons bench bench-charts bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs screenshots
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,8 @@ $(STAMP): setup.py $(KERNELS) | $(VENV)/bin/uv
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials
-	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials
+	$(PY) -m ruff check tfreplay tests benchmarks examples tutorials scripts
+	$(PY) -m ruff format --check tfreplay tests benchmarks examples tutorials scripts
 	$(PY) -m mypy tfreplay
 
 # Every pytest lane runs on both cores (pytest-xdist: JOBS workers, `make test JOBS=0` for one process) and prints its
@@ -43,17 +43,19 @@ PYTEST_LANE = -q $(XDIST) --durations=20
 
 # The suite with every python block of README.md and docs/ (Sybil, the root conftest.py), under tf-keras. Tests
 # marked `slow` (training runs, the tutorials' notebooks, long property, concurrency and crash runs) and the Keras 3
-# pass are `make test-slow`'s.
-test: $(STAMP) lint
+# pass are `make test-slow`'s; ruff and mypy are `make lint`'s (CI runs both lanes).
+test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_LANE) -m "not slow" tests README.md docs
 
 # The slow tests, then every Keras-touching test (marked `keras`, slow or not) again under Keras 3, current
 # TensorFlow's default (CI runs this lane after `make test`). Their property, soak and crash runs are sized by counts
 # with fixed seeds; docs/architecture.md lists the variables that make them longer. Three workers: much of this lane
-# waits on processes, servers and threads, which leaves a core idle under two.
+# waits on processes, servers and threads, which leaves a core idle under two. The Ray service's tests run apart, in
+# one process: their clusters start processes that import TensorFlow, which beside three busy workers wait minutes.
 test-slow: JOBS = 3
 test-slow: $(STAMP)
-	$(PY) -m pytest $(PYTEST_LANE) -m slow tests
+	$(PY) -m pytest $(PYTEST_LANE) -m slow tests --ignore=tests/distributed
+	$(PY) -m pytest -q --durations=20 -m slow tests/distributed
 	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest $(PYTEST_LANE) -m keras tests
 
 # The tutorials' notebooks, written beside their jupytext percent scripts (tutorials/NN_topic.py -> .ipynb, not
@@ -133,6 +135,13 @@ $(VENV)/.installed-docs: setup.py $(STAMP)
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
+# The built site as a reader's browser draws it: headless Chromium (Debian's, installed when missing) screenshots the
+# home page, a guide, an executed tutorial and the Benchmarks page into site-screenshots/.
+screenshots: docs
+	command -v chromium >/dev/null || { sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq chromium; }
+	$(PY) scripts/screenshots.py --site site --out site-screenshots
+
 # A user's install: `pip wheel .`, then `pip install <wheel>[rl]` in one fresh venv (dependencies from the
 # package index), used from a folder outside the checkout: import tfreplay, the README's quick start,
 # `tfreplay-demo --steps=2000`, and the compiled sum tree loading with no compiler on PATH. Prints what it did.
@@ -170,12 +179,12 @@ $(COMPAT_OPS): $(COMPAT_STAMP) $(KERNELS)
 # golden ones included) and the compiled train loop. Feature tests (frames, transforms, hindsight, datasets) run
 # through these same paths and stay on current TensorFlow. `-p tf_dependent` (tests/compat/tf_dependent.py)
 # deselects the NumPy-only cases; the slow tests and the Reverb shim's (`make test-reverb`) stay out. One pytest
-# run, one summary line.
+# run, one summary line, with TensorFlow's graph optimizer on (the other lanes' tests run without it; tests/conftest.py).
 COMPAT_TESTS = tests/compat tests/keras tests/native tests/library/test_contract.py tests/library/test_checkpoint.py \
 	tests/library/test_golden_checkpoints.py tests/library/test_restore_integrity.py tests/library/test_fused.py
 test-compat: $(COMPAT_OPS)
 	@echo "test-compat: $$($(COMPAT_PY) -m pip list 2>/dev/null | grep -E '^(tensorflow|tf-agents) ' | tr -s ' ' | paste -sd, -)"
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest $(PYTEST_LANE) -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
+	TFREPLAY_TEST_GRAPPLER=1 PYTHONPATH=$(CURDIR):$(CURDIR)/tests/compat $(COMPAT_PY) -m pytest $(PYTEST_LANE) -c tests/compat/pytest.ini --rootdir=$(CURDIR) --confcutdir=$(CURDIR)/tests \
 		-p tf_dependent -k "not WithHashing" -m "not slow" --ignore=tests/compat/reverb \
 		$(TFA_DIR)/tf_uniform_replay_buffer_test.py $(TFA_DIR)/py_replay_buffers_test.py::PyUniformReplayBufferTest \
 		$(COMPAT_TESTS)

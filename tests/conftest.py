@@ -14,6 +14,13 @@ from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
 # Reverb servers the tests start (and their subprocesses') listen on the loopback interface only.
 os.environ.setdefault("TFREPLAY_REVERB_HOST", "127.0.0.1")
 
+# Grappler, TensorFlow's graph optimizer, rewrites each function graph the first time it runs. The suite traces
+# thousands of small functions, and without it they run about a fifth sooner. It must not change what a graph
+# computes: `make test-compat` (TF 2.15) keeps it on for the contract suite in every mode, and
+# `TFREPLAY_TEST_GRAPPLER=1` keeps it on in any run. Processes the tests start (notebooks, examples) keep it.
+if os.environ.get("TFREPLAY_TEST_GRAPPLER") != "1":
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
 
 # The text that shows a test file may hold tests a mark selects: its name, or for `slow` also `helpers.quick`, which
 # marks the cases a matrix leaves out of `make test`.

@@ -137,7 +137,7 @@ def assert_probabilities_are_one_over(count: int, probabilities) -> None:
 
 @pytest.mark.parametrize("kind", KINDS.values(), ids=str)
 @pytest.mark.parametrize("sample_batch_size", [None, SBS], ids=["one", "batch"])
-@pytest.mark.parametrize("windowed", [False, True], ids=["items", "windows"])
+@pytest.mark.parametrize("windowed", quick([False, True], True), ids=["items", "windows"])
 def test_dataset_element_spec_is_static_and_documented(kind, sample_batch_size, windowed):
     num_steps = kind.window if windowed else None
     ds = shared_buffer(kind, B, L).as_dataset(sample_batch_size, num_steps)
@@ -659,7 +659,7 @@ def test_dataset_sees_items_added_after_it_was_made(kind):
     assert set(info.ids.numpy()[:, 0].tolist()) <= set(kind.valid_starts(B, L, WRAPPED, kind.window))
 
 
-@pytest.mark.parametrize("num_parallel_calls", [2, tf.data.AUTOTUNE], ids=["2", "autotune"])
+@pytest.mark.parametrize("num_parallel_calls", quick([2, tf.data.AUTOTUNE], tf.data.AUTOTUNE), ids=["2", "autotune"])
 def test_dataset_with_parallel_calls_draws_valid_windows(kind, num_parallel_calls):
     api = shared_api(kind, "eager", B, L)
     api.add_steps(WRAPPED)
@@ -751,7 +751,7 @@ def test_single_pass_yields_every_stored_item_once_in_gather_all_order(kind):
 
 
 @pytest.mark.parametrize("sample_batch_size", [None, SBS], ids=["one", "batch"])
-@pytest.mark.parametrize("windowed", [False, True], ids=["items", "windows"])
+@pytest.mark.parametrize("windowed", quick([False, True], True), ids=["items", "windows"])
 def test_single_pass_element_spec_keeps_the_item_shapes(kind, sample_batch_size, windowed):
     """Outer dimensions may be unknown (a short last batch or window); an item's own are the spec's."""
     num_steps = kind.window if windowed else None

@@ -26,6 +26,9 @@ TWINS = ["tf", "tf-xla", "py"]  # tf: stacks from the native kernel; tf-xla: fro
 TWINS_QUICK = quick(TWINS, "tf", "py")
 # Tests of what is drawn, counted or kept, not of the stacked frames, run on the two twins only: XLA changes the stacks.
 BACKENDS = ["tf", "py"]
+# Of those, the refusals, counts and kept state run on the NumPy twin in `make test` and on the TF twin in
+# `make test-slow`: the contract suite already drives the TF frame buffers through each of them in every mode.
+BACKENDS_QUICK = quick(BACKENDS, "py")
 
 
 def make_buffer(twin: str, num_segments: int, max_length: int, history_len: int, seed: int = 0):
@@ -117,7 +120,7 @@ def test_counts_follow_sequences_longer_than_the_ring():
         np.testing.assert_allclose(info.probabilities, 1 / len(ref.valid(n)), rtol=1e-6, err_msg=str(n))
 
 
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 def test_gather_all_and_single_pass_list_every_valid_transition_in_order(twin):
     rb, ref = filled(twin, 3, 12, 4, 40)
     order = sorted(ref.valid(), key=lambda gid: (gid % 3, gid // 3))  # segment by segment, oldest first
@@ -156,6 +159,7 @@ def test_get_next_under_xla_matches_the_reference_and_an_empty_buffer_gives_zero
     np.testing.assert_array_equal(info.probabilities, 0)
 
 
+@pytest.mark.slow  # the contract suite adds to the TF frame buffers inside tf.function in `make test`
 def test_add_batch_inside_tf_function():
     rng = np.random.default_rng(3)
     streams = [make_stream(rng, s, 20) for s in range(2)]
@@ -213,7 +217,7 @@ def test_a_lone_valid_transition_among_first_frames_is_found(twin):
     Reference([stream], 64, 4).check(items, np.asarray(info.ids))
 
 
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 @pytest.mark.parametrize("num_steps", [None, 2])
 def test_draws_are_uniform_over_valid_windows(twin, num_steps):
     # Short episodes (a third of the rows are first frames): the candidates
@@ -233,7 +237,7 @@ def test_draws_are_uniform_over_valid_windows(twin, num_steps):
 
 
 @pytest.mark.parametrize("seed", quick([0, 1], 0))
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 def test_long_windows_among_short_episodes_are_drawn_exactly_uniformly(twin, seed):
     """Windows of 5 steps among episodes of 0-8 steps: few candidates are valid,
     so most samples miss and are redrawn. However they are redrawn (today by a
@@ -331,7 +335,7 @@ def test_one_ring_form_appends_any_number_of_rows():
     assert set(info.ids.tolist()) == ref.valid()
 
 
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 def test_checkpoint_restores_rows_counters_and_generator(twin, tmp_path):
     rb, _ = filled(twin, 3, 12, 4, 40)
     checkpoint = tf.train.Checkpoint(buffer=getattr(rb, "rb", rb))  # the buffer itself, not its XLA-stacks proxy
@@ -347,7 +351,7 @@ def test_checkpoint_restores_rows_counters_and_generator(twin, tmp_path):
     tf.nest.map_structure(np.testing.assert_array_equal, rb.get_next(sample_batch_size=8), sample)
 
 
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 def test_clear_empties_and_the_next_row_starts_an_episode(twin):
     rb, _ = filled(twin, 2, 12, 4, 30)
     rb.clear()
@@ -364,7 +368,7 @@ def test_clear_empties_and_the_next_row_starts_an_episode(twin):
     Reference(streams, 12, 4).check(items, np.asarray(info.ids))
 
 
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 def test_empty_or_firsts_only_or_too_short_episodes_cannot_be_sampled(twin):
     rb = make_buffer(twin, 1, 10, 2)
     with pytest.raises(ValueError, match="holds no valid transition yet; add steps after each"):
@@ -417,7 +421,7 @@ def bad_rows() -> list:
     ]
 
 
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 @pytest.mark.parametrize("case", range(5))
 def test_a_rejected_batch_names_the_field_and_changes_nothing(twin, case):
     rb, _ = filled(twin, 2, 8, 2, 11)
@@ -429,7 +433,7 @@ def test_a_rejected_batch_names_the_field_and_changes_nothing(twin, case):
     tf.nest.map_structure(np.testing.assert_array_equal, after, before)
 
 
-@pytest.mark.parametrize("twin", BACKENDS)
+@pytest.mark.parametrize("twin", BACKENDS_QUICK)
 def test_bad_construction_and_sampling_arguments(twin):
     cls = TFFrameReplayBuffer if twin.startswith("tf") else PyFrameReplayBuffer
     where = cls.__name__

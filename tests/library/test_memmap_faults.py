@@ -95,6 +95,7 @@ sys.stdin.readline()
 """
 
 
+@pytest.mark.slow  # two processes, each importing TensorFlow
 def test_a_second_process_opening_a_new_directory_touches_nothing(tmp_path):
     path = str(tmp_path / "replay")
     first = start(FIRST.format(path=path))
@@ -264,6 +265,7 @@ print("exit", flush=True)
 """
 
 
+@pytest.mark.slow  # a tmpfs mount and a writer process
 def test_a_full_disk_is_an_oserror_and_keeps_flushed_rows(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("mounting a 1 MB tmpfs needs root")
