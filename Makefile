@@ -41,21 +41,23 @@ JOBS ?= 2
 XDIST = $(if $(filter-out 0,$(JOBS)),-n $(JOBS) --dist loadfile,)
 PYTEST_LANE = -q $(XDIST) --durations=20
 
-# The suite with every python block of README.md and docs/ (Sybil, the root conftest.py), under tf-keras. Tests
-# marked `slow` (training runs, the tutorials' notebooks, long property, concurrency and crash runs) and the Keras 3
-# pass are `make test-slow`'s; ruff and mypy are `make lint`'s (CI runs both lanes).
+# The suite under tf-keras. Tests marked `slow` (training runs, the tutorials' notebooks, long property, concurrency
+# and crash runs), every python block of README.md and docs/ (Sybil, the root conftest.py) and the Keras 3 pass are
+# `make test-slow`'s; ruff and mypy are `make lint`'s (CI runs all three lanes).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_LANE) -m "not slow" tests README.md docs
+	$(PY) -m pytest $(PYTEST_LANE) -m "not slow" tests
 
-# The slow tests, then every Keras-touching test (marked `keras`, slow or not) again under Keras 3, current
-# TensorFlow's default (CI runs this lane after `make test`). Their property, soak and crash runs are sized by counts
-# with fixed seeds; docs/architecture.md lists the variables that make them longer. Three workers: much of this lane
-# waits on processes, servers and threads, which leaves a core idle under two. The Ray service's tests run apart, in
-# one process: their clusters start processes that import TensorFlow, which beside three busy workers wait minutes.
+# The slow tests and the docs' examples, then every Keras-touching test (marked `keras`, slow or not) again under
+# Keras 3, current TensorFlow's default (CI runs this lane after `make test`). Their property, soak and crash runs are
+# sized by counts with fixed seeds; docs/architecture.md lists the variables that make them longer. Three workers:
+# much of this lane waits on processes, servers and threads, which leaves a core idle under two. The Ray service's
+# tests, and the docs page whose blocks start its cluster, run apart in one process: a cluster starts processes that
+# import TensorFlow, which beside three busy workers wait minutes.
+RAY_DOCS := docs/guides/distributed.md
 test-slow: JOBS = 3
 test-slow: $(STAMP)
-	$(PY) -m pytest $(PYTEST_LANE) -m slow tests --ignore=tests/distributed
-	$(PY) -m pytest -q --durations=20 -m slow tests/distributed
+	$(PY) -m pytest $(PYTEST_LANE) -m slow tests README.md docs --ignore=tests/distributed --ignore=$(RAY_DOCS)
+	$(PY) -m pytest -q --durations=20 -m slow tests/distributed $(RAY_DOCS)
 	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest $(PYTEST_LANE) -m keras tests
 
 # The tutorials' notebooks, written beside their jupytext percent scripts (tutorials/NN_topic.py -> .ipynb, not

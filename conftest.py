@@ -1,9 +1,11 @@
-"""Runs every ```python block of README.md and docs/**/*.md as a test (Sybil).
+"""Runs every ```python block of README.md and docs/**/*.md as a test (Sybil), in `make test-slow`.
 
 The blocks of one page share a namespace and run top to bottom, as a reader
-would paste them. `<!-- skip: next -->` before a block marks a fragment that is
-shown but not run. Each page runs in its own temporary working directory, so a
-block that writes a relative path leaves nothing in the checkout.
+would paste them. Each is marked `slow`: `make test-slow` runs them (the page
+whose blocks start a Ray cluster in its Ray pass), `make test` leaves them
+out. `<!-- skip: next -->` before a block marks a fragment that is shown but
+not run. Each page runs in its own temporary working directory, so a block
+that writes a relative path leaves nothing in the checkout.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
@@ -73,3 +76,11 @@ pytest_collect_file = (
         name="ray pages",
     )
 ).pytest()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The docs' blocks are `make test-slow`'s: each page runs as a reader pastes it, a few seconds a page."""
+    for item in items:
+        if item.path.suffix == ".md":
+            item.add_marker(pytest.mark.slow)

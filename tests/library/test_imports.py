@@ -194,6 +194,7 @@ def test_the_reverb_transport_imports_no_module_of_reverbs_api():
     assert offenders == {}, "the transport sits below Reverb's API"
 
 
+@pytest.mark.slow  # a fresh interpreter that imports TensorFlow
 def test_import_tfreplay_alone_loads_no_tensorflow_until_a_name_is_used():
     # A command line built on tfreplay (the demo's `--help`) answers before TensorFlow starts.
     code = (

@@ -200,7 +200,7 @@ WRITER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("cls", quick([PyUniformReplayBuffer, PyPrioritizedReplayBuffer], PyUniformReplayBuffer))
-@pytest.mark.parametrize("capacity", [200, 20])  # 20: the ring wraps between flushes
+@pytest.mark.parametrize("capacity", quick([200, 20], 20))  # 20: the ring wraps between flushes
 def test_a_killed_writer_loses_only_unflushed_rows(cls, capacity, tmp_path):
     script = WRITER.format(
         root=ROOT, tests=os.path.join(ROOT, "tests"), cls=cls.__name__, capacity=capacity, path=str(tmp_path), flushes=3
