@@ -24,7 +24,7 @@ import threading
 PAGES = [
     ("home.png", "", "the demo's learning curve, the install line and the quick start"),
     ("guide-collect-and-train.png", "guides/collect-and-train/", "a guide with the demo's curve and its code"),
-    ("tutorial-collect-and-train.png", "tutorials/02_collect_and_train/", "an executed tutorial: its cells with outputs"),
+    ("tutorial-collect-and-train.png", "tutorials/02_collect_and_train/", "an executed tutorial, outputs shown"),
     ("benchmarks.png", "benchmarks/", "the Benchmarks page's summary and charts"),
 ]
 
