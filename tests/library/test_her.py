@@ -305,11 +305,10 @@ def test_bad_arguments_are_refused_at_construction(kwargs, error, match):
 
 
 # Each NumPy type on the NumPy twin; the TF twin, which reads the same number, with one.
-NUMPY_RATIOS = [("py-uniform", r) for r in (np.float32(0.5), np.float64(0.5), np.int64(1), np.float16(0.0))]
-NUMPY_RATIOS.append(pytest.param("tf-uniform", np.float32(0.5), marks=pytest.mark.slow))
+PY_RATIOS = [("py-uniform", r) for r in (np.float32(0.5), np.float64(0.5), np.int64(1), np.float16(0.0))]
 
 
-@pytest.mark.parametrize("name, ratio", NUMPY_RATIOS)
+@pytest.mark.parametrize("name, ratio", quick([*PY_RATIOS, ("tf-uniform", np.float32(0.5))], *PY_RATIOS, unpack=True))
 def test_numpy_numbers_are_relabel_ratios(name, ratio):
     """A NumPy scalar is a number, as `NStepReturns` takes for `gamma`: it draws as the same Python number."""
     streams = Streams(np.random.default_rng(3), num=2, length=20, max_episode=5, max_length=20)
