@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: test test-slow demo test-pythons bench bench-charts bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel tutorials tutorials-site docs screenshots
+.PHONY: test test-slow demo test-pythons bench bench-charts bench-prioritized bench-windows bench-learner bench-memmap bench-gpu lint venv clean test-compat test-reverb reverb-dqn reverb-sac bench-peers bench-reverb bazel-test test-wheel wheel tutorials tutorials-site docs screenshots
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -144,12 +144,6 @@ screenshots: docs
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq chromium; }
 	$(PY) scripts/screenshots.py --site site --out site-screenshots
 
-# A user's install: `pip wheel .`, then `pip install <wheel>[rl]` in one fresh venv (dependencies from the
-# package index), used from a folder outside the checkout: import tfreplay, the README's quick start,
-# `tfreplay-demo --steps=2000`, and the compiled sum tree loading with no compiler on PATH. Prints what it did.
-test-wheel: $(STAMP)
-	TFREPLAY_TEST_WHEEL=1 $(PY) -m pytest -q -s --durations=20 -p no:cacheprovider tests/test_packaging.py
-
 # The sdist installed (its C libraries compiled) on each other Python of 3.10-3.13 found on PATH or under
 # pyenv, and the README's quick start run there. Manual: several minutes (a TensorFlow install per Python).
 test-pythons: $(STAMP)
@@ -168,6 +162,22 @@ $(COMPAT_STAMP): tests/compat/requirements.txt | $(VENV)/bin/uv
 	$(UV) --python $(COMPAT_PY) -r tests/compat/requirements.txt
 	$(UV) --python $(COMPAT_PY) dm-reverb==0.14.0 || echo "dm-reverb 0.14.0 did not install: bench-peers skips it"
 	touch $(COMPAT_STAMP)
+
+# A wheel with the TF ops for TensorFlow 2.15 (the compat venv's) and the current one (.venv's) into dist/: on either
+# TensorFlow, prioritized and frame buffers run their compiled ops with no build step. setup.py builds the ops for
+# each Python that TFREPLAY_WHEEL_TF names (README.md: Install).
+WHEEL_TF = $(CURDIR)/$(PY):$(CURDIR)/$(COMPAT_PY)
+wheel: $(STAMP) $(COMPAT_STAMP)
+	TFREPLAY_WHEEL_TF=$(WHEEL_TF) $(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+
+# A user's install: the README's `pip wheel` command (for both TensorFlows, as `make wheel`), then
+# `pip install <wheel>[rl]` in one fresh venv (dependencies from the package index), used from a folder outside the
+# checkout: import tfreplay, the README's quick start, `tfreplay-demo --steps=2000`, the compiled sum tree and the
+# wheel's TF ops loading with no compiler on PATH and no build step (on TF 2.15 too, over the compat venv's
+# packages). Prints what it did.
+test-wheel: $(STAMP) $(COMPAT_STAMP)
+	TFREPLAY_WHEEL_TF=$(WHEEL_TF) TFREPLAY_TEST_WHEEL=1 $(PY) -m pytest -q -s --durations=20 -p no:cacheprovider \
+		tests/test_packaging.py
 
 # tfreplay's TF ops for the lane's TensorFlow (that venv finds tfreplay through PYTHONPATH, not pip).
 COMPAT_OPS := $(COMPAT_VENV)/.built-ops

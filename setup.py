@@ -1,9 +1,15 @@
 """Install tfreplay: `pip install .` (add `[rl]`, `[examples]`, `[ray]`, `[datasets]`, `[minari]`, `[test]`, `[bench]` or
 `[dev]`)."""
 
+import concurrent.futures
 import importlib.util
+import json
+import os
 import pathlib
+import shlex
+import subprocess
 import sys
+import time
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -39,9 +45,36 @@ def native_libraries():
     ]
 
 
+def tf_pythons():
+    """The Pythons whose TensorFlow the TF ops are built for: `TFREPLAY_WHEEL_TF` (paths separated by
+    `os.pathsep`; `none` for no TF ops), else this Python where it has TensorFlow (`pip wheel
+    --no-build-isolation` in a venv with TensorFlow; pip's isolated build has none)."""
+    named = os.environ.get("TFREPLAY_WHEEL_TF", "")
+    if named.strip().lower() == "none":
+        return []
+    if named:
+        return [python for python in named.split(os.pathsep) if python]
+    return [sys.executable] if importlib.util.find_spec("tensorflow") is not None else []
+
+
+def tensorflow_of(python):
+    """`(version, compile and link flags)` of the TensorFlow that `python` imports, asked in a process of its own."""
+    code = "import json, tensorflow as tf; s = tf.sysconfig"
+    code += "; print(json.dumps([tf.__version__, s.get_compile_flags() + s.get_link_flags()]))"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    if python != sys.executable:  # another venv's Python: its own packages, not this build's
+        env.pop("PYTHONPATH", None)
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise OSError(f"{python} could not import tensorflow: {done.stderr.strip().splitlines()[-1:]}")
+    version, flags = json.loads(done.stdout.strip().splitlines()[-1])
+    return version, flags
+
+
 class OptionalBuildExt(build_ext):
-    """Compiles the C libraries where a compiler works. Where none does, the install still succeeds (tfreplay
-    then runs on its array-op fallback) and says so once."""
+    """Compiles the C libraries where a compiler works, then the TF ops for each TensorFlow of `tf_pythons()`
+    (`tfreplay/native/ops/<op>-tf<version>-<sources>.so`: loaded only by that TensorFlow version). Where no
+    compiler works, the install still succeeds (tfreplay then runs on its array-op fallback) and says so once."""
 
     failed = False
 
@@ -50,6 +83,48 @@ class OptionalBuildExt(build_ext):
             super().run()
         except (PlatformError, CCompilerError, ExecError, OSError) as err:
             self.without(err)
+        if not self.failed:
+            self.build_tf_ops()
+
+    def build_tf_ops(self):
+        """Both ops for each TensorFlow, side by side (a compiler process per core), for any CPU of the platform
+        (no -march=native, as the C libraries). A failed op is left out, with the compiler's first error."""
+        sources = native_sources()
+        folder = pathlib.Path("tfreplay" if self.inplace else os.path.join(self.build_lib, "tfreplay"))
+        folder = folder / "native" / sources.PACKAGED_OPS
+        jobs = []
+        for python in tf_pythons():
+            try:
+                version, flags = tensorflow_of(python)
+            except OSError as err:
+                print(f"tfreplay: no TF ops for {python}: {err}", file=sys.stderr)
+                continue
+            jobs += [(name, version, flags) for name in sources.OPS]
+        if not jobs:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        compiler = shlex.split(os.environ.get("CXX", "")) or ["g++"]
+        versions = sorted({version for _, version, _ in jobs})
+        print(f"tfreplay: building its TF ops for TensorFlow {', '.join(versions)} into {folder} ...", flush=True)
+        start = time.perf_counter()
+
+        def build(job):
+            name, version, flags = job
+            target = folder / sources.packaged_op(name, version)
+            source = sources.KERNELS / sources.FILES[name][0]
+            command = [*compiler, str(source), "-o", f"{target}.tmp", *sources.build_flags(name, flags), "-g0"]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                error = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr[-300:])
+                return f"tfreplay: {name} for TensorFlow {version} failed, left out: {error.strip()}"
+            os.replace(f"{target}.tmp", target)
+            return None
+
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for failure in pool.map(build, jobs):
+                if failure:
+                    print(failure, file=sys.stderr)
+        print(f"tfreplay: TF ops built in {time.perf_counter() - start:.0f} s", flush=True)
 
     def build_extension(self, ext):
         try:

@@ -6,7 +6,9 @@ group's baseline (or floor) as the median over the rounds, the min-max as a
 whisker, a line at 1.0, and the cases whose min-max holds 1.0 labelled
 parity. A group whose cases are set beside another group's (the prioritized
 learner beside the uniform one) gets a second chart of those ratios,
-`...-versus.png`. The title is the group; under it, the run's own line (file, date,
+`...-versus.png`. `--one-chart TITLE` draws every group of a run in one
+chart instead, each case against its own group's baseline (`DIR/<json
+stem>.png`). The title is the group; under it, the run's own line (file, date,
 machine, versions, rounds, load), so a chart never leaves its command and
 machine behind. `--groups` keeps some groups only (substrings of their names).
 """
@@ -55,6 +57,14 @@ def bars(result: Dict[str, Any], group: str, versus: bool = False) -> List[Dict[
     return out
 
 
+def every_group(result: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each group's cases but its baseline, against that baseline, as one list of `bars` named `group: case`."""
+    out = []
+    for group in interleave.groups(result):
+        out += [{**row, "case": f"{group}: {row['case']}"} for row in bars(result, group) if not row["reference"]]
+    return out
+
+
 def caption(result: Dict[str, Any]) -> str:
     """The run's line: what `benchmarks.interleave.render` heads its tables with."""
     return interleave.render({**result, "cases": []}).strip()
@@ -66,15 +76,20 @@ def versus_group(result: Dict[str, Any], group: str) -> str | None:
     return next(iter(targets)) if len(targets) == 1 else None
 
 
-def draw(result: Dict[str, Any], group: str, path: pathlib.Path, versus: bool = False) -> pathlib.Path:
-    """One group's chart, written to `path` (PNG); with `versus`, its cases over the cases they are set beside."""
+def draw(
+    result: Dict[str, Any], group: str | None, path: pathlib.Path, versus: bool = False, title: str = ""
+) -> pathlib.Path:
+    """One group's chart, written to `path` (PNG); with `versus`, its cases over the cases they are set beside;
+    with `group` None, every group's cases against their own baselines in one chart called `title`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = bars(result, group, versus)
-    if versus:
+    rows = bars(result, group, versus) if group is not None else every_group(result)
+    if group is None:
+        base, group = "its group's baseline", title
+    elif versus:
         other = versus_group(result, group)
         base, group = f"the same case of {other}", f"{group} over {other}"
     else:
@@ -92,8 +107,12 @@ def draw(result: Dict[str, Any], group: str, path: pathlib.Path, versus: bool = 
     top = max(r["high"] for r in rows)
     for yi, r in zip(y, rows):
         label = "1.00x (reference)" if r["reference"] else f"{r['median']:.2f}x" + (" parity" if r["parity"] else "")
-        ax.text(r["high"] + top * 0.01, yi, label, va="center", fontsize=8)
-    ax.set_xlim(0, top * 1.25)
+        ax.text(r["high"] * 1.05 if top > 8 else r["high"] + top * 0.01, yi, label, va="center", fontsize=8)
+    if top > 8:  # one case far out (a cold cache): a log axis keeps the others readable
+        ax.set_xscale("log")
+        ax.set_xlim(min(r["low"] for r in rows) / 1.5, top * 3)
+    else:
+        ax.set_xlim(0, top * 1.25)
     reference = textwrap.shorten(base, 40, placeholder="...")
     ax.set_xlabel(f"time per operation / {reference} (median, min-max; lower is faster)", fontsize=9)
     ax.set_title(group, fontsize=11, loc="left")
@@ -110,10 +129,14 @@ def main(argv: Sequence[str] | None = None) -> List[pathlib.Path]:
     parser.add_argument("json", nargs="+", type=pathlib.Path, help="interleaved runs (--interleaved-json files)")
     parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder the PNGs go to")
     parser.add_argument("--groups", nargs="*", default=None, help="keep the groups whose names hold one of these")
+    parser.add_argument("--one-chart", default=None, metavar="TITLE", help="all groups of a run in one chart")
     args = parser.parse_args(argv)
     written = []
     for source in args.json:
         for result in json.loads(source.read_text())["runs"]:
+            if args.one_chart:
+                written.append(draw(result, None, args.out / f"{source.stem}.png", title=args.one_chart))
+                continue
             for group in interleave.groups(result):
                 if args.groups and not any(g in group for g in args.groups):
                     continue

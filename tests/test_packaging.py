@@ -3,7 +3,9 @@
 The metadata and sdist checks run with the suite (a few seconds). `make test-wheel` (TFREPLAY_TEST_WHEEL=1)
 builds the wheel, installs it as `tfreplay[rl]` in one fresh venv with its dependencies from the package
 index, and from a folder outside the repository imports tfreplay, runs the README's quick start and the demo
-command, and samples through the compiled libraries with no compiler on PATH. `make test-pythons`
+command, and samples through the compiled libraries and the wheel's TF ops with no compiler on PATH and no
+build step (on the TensorFlow of the lane's own venv, and on TF 2.15 where TFREPLAY_WHEEL_TF names a Python that
+has it). `make test-pythons`
 (TFREPLAY_TEST_PYTHONS=1) installs the sdist on each other Python 3.10-3.13 found here and runs the quick start.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import email
 import email.message
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -116,9 +119,19 @@ def test_the_rl_extra_brings_what_the_demo_draws_its_learning_curve_with(sdist):
     assert {"gymnasium", "tf-keras", "absl-py", "matplotlib"} <= extras["rl"]
 
 
+def readme_install() -> str:
+    return (ROOT / "README.md").read_text(encoding="utf-8").split("## Install", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_wheel_command() -> list[str]:
+    """The README's `pip wheel ...` line, as arguments (its comment dropped)."""
+    (line,) = [line for line in readme_install().splitlines() if line.startswith("pip wheel ")]
+    return line.split("#", 1)[0].split()
+
+
 def test_the_readme_says_what_the_wheel_is_tagged_for():
     # The wheel carries compiled C libraries, so pip tags it for one CPython and one platform.
-    install = (ROOT / "README.md").read_text(encoding="utf-8").split("## Install", 1)[1].split("\n## ", 1)[0]
+    install = readme_install()
     assert re.search(r"tfreplay-0\.1\.0-cp311-cp311-linux_x86_64\.whl", install), install
     assert "copied where it is needed" not in install
 
@@ -183,14 +196,20 @@ def user(tmp_path_factory):
     """The wheel (`pip wheel .`) installed as `tfreplay[rl]` in a fresh venv, dependencies from the index."""
     root = tmp_path_factory.mktemp("user")
     start = time.perf_counter()
-    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", root / "dist"]
-    subprocess.run([*map(str, command), str(ROOT)], check=True, timeout=600, capture_output=True)
+    # The README's command, from this venv (which has TensorFlow): the wheel carries its TF ops.
+    pip, wheel_args = readme_wheel_command()[:2], readme_wheel_command()[2:]
+    assert pip == ["pip", "wheel"] and wheel_args[-3:] == ["-w", "dist", "."], wheel_args
+    command = [sys.executable, "-m", "pip", "wheel", "-q", *wheel_args[:-3], "-w", str(root / "dist"), str(ROOT)]
+    done = subprocess.run(command, timeout=900, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (wheel,) = (root / "dist").glob("tfreplay-*.whl")
     user = User(root)
     user.wheel = wheel
-    user.note(f"built {wheel.name} in {time.perf_counter() - start:.0f} s")
+    user.note(f"built {wheel.name} in {time.perf_counter() - start:.0f} s ({' '.join(readme_wheel_command())})")
     subprocess.run([sys.executable, "-m", "venv", str(user.venv)], check=True, timeout=300)
-    done = user.run([str(user.venv / "bin/python"), "-m", "pip", "install", "-q", f"{wheel}[rl]"], timeout=900)
+    # The TensorFlow the wheel's ops were built for (the index may hold a newer one, which would need the build step).
+    tensorflow = f"tensorflow=={importlib.metadata.version('tensorflow')}"
+    done = user.run([str(user.venv / "bin/python"), "-m", "pip", "install", "-q", f"{wheel}[rl]", tensorflow], 900)
     assert done.returncode == 0, done.stderr[-3000:]
     installed = user.seconds
     listed = user.run([str(user.venv / "bin/python"), "-m", "pip", "list", "--format=json"]).stdout
@@ -274,6 +293,73 @@ print(json.dumps([list(items["x"].shape), {row.name: [row.origin, row.path] for 
     origin, path = status["sum_tree"]
     assert origin == "package" and path.startswith(str(user.venv)), status
     user.note(f"no compiler on PATH: the sum tree loads from the wheel ({path.rsplit('/', 1)[1]})")
+
+
+TF_OPS_CODE = """
+import json, tensorflow as tf, tfreplay
+from tfreplay import native
+rb = tfreplay.TFPrioritizedReplayBuffer({"x": tf.TensorSpec([2], tf.float32)}, batch_size=4, max_length=16, seed=0)
+rb.add_batch({"x": tf.ones([4, 2])})
+items, info = rb.get_next(8)
+rb.update_priorities(info.ids, [2.0] * 8)
+frames = tfreplay.TFFrameReplayBuffer(tfreplay.frame_data_spec((8, 8)), 2, 32, 4, seed=0)
+kinds = {"frame": tf.uint8, "action": tf.int32, "reward": tf.float32}
+for t in range(6):
+    step = {k: tf.zeros([2, 8, 8] if k == "frame" else [2], kinds.get(k, tf.bool)) for k in frames.data_spec}
+    frames.add_batch({**step, "first": tf.fill([2], t == 0)})
+stacks, _ = frames.get_next(4)
+print(json.dumps([tf.__version__, {row.name: [row.origin, row.path] for row in native.status()}]))
+"""
+
+
+def tf_ops_in_the_wheel(user, python: str, **changes: str) -> tuple[str, dict]:
+    """`(TensorFlow version, kernel status)` after a TF prioritized and frame sample by `python`, with no compiler
+    on PATH and an empty kernel cache; no line of tfreplay's (a fallback's warning) on stderr."""
+    done = user.run([python, "-c", TF_OPS_CODE], TFREPLAY_CACHE=str(user.root / "cache"), **changes)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line for line in done.stderr.splitlines() if "tfreplay" in line] == [], done.stderr[-3000:]
+    version, status = json.loads(done.stdout.splitlines()[-1])
+    for op in ("sum_tree_ops", "frame_stack"):
+        origin, path = status[op]
+        assert origin == "package" and f"/tfreplay/native/ops/{op}-tf{version}-" in path, status
+    return version, status
+
+
+@needs_wheel_lane
+def test_the_wheel_carries_the_tf_ops_so_prioritized_and_frames_need_no_build_step(user):
+    names = zipfile.ZipFile(user.wheel).namelist()
+    version = importlib.metadata.version("tensorflow")
+    for op in ("sum_tree_ops", "frame_stack"):
+        assert [n for n in names if n.startswith(f"tfreplay/native/ops/{op}-tf{version}-")], names
+    assert shutil.which("g++", path=str(user.venv / "bin")) is None
+    version, status = tf_ops_in_the_wheel(user, str(user.venv / "bin/python"))
+    user.note(f"TensorFlow {version}, no build step: {status['sum_tree_ops'][1].rsplit('/', 1)[1]} from the wheel")
+
+
+@needs_wheel_lane
+def test_the_wheel_built_for_two_tensorflows_loads_each_ones_ops(user, tmp_path):
+    # `TFREPLAY_WHEEL_TF` (as `make test-wheel` and `make wheel` set it) names a second Python, with TF 2.15.
+    others = [p for p in os.environ.get("TFREPLAY_WHEEL_TF", "").split(os.pathsep) if p and p != sys.executable]
+    if not others:
+        pytest.skip("TFREPLAY_WHEEL_TF names no second Python (make test-wheel names the TF 2.15 venv's)")
+    # A venv over that Python's packages (TensorFlow 2.15 and its pins) with only the wheel installed on top.
+    python = pathlib.Path(others[0]).absolute()
+    venv = tmp_path / "venv"
+    subprocess.run([str(python), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    code = "import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), 'base.pth').write_text("
+    code += "f'import site; site.addsitedir({sys.argv[1]!r})\\n')"
+    subprocess.run([str(venv / "bin/python"), "-c", code, site], check=True, timeout=60)
+    install = [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q", "--no-deps"]
+    subprocess.run([*install, str(user.wheel)], check=True, timeout=300, capture_output=True)
+    version, status = tf_ops_in_the_wheel(user, str(venv / "bin/python"))
+    assert version.startswith("2.15"), version
+    user.note(f"TensorFlow {version}, no build step: {status['sum_tree_ops'][1].rsplit('/', 1)[1]} from the wheel")
 
 
 # --- the other Pythons of the supported range (`make test-pythons`) ---

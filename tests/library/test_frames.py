@@ -530,7 +530,7 @@ def test_numpy_twin_stacks_have_the_bits_of_naive_stacks(dtype, history_len, num
         assert got.tobytes() == want.tobytes()
 
 
-@pytest.mark.slow  # a first build compiles for about 35 s
+@pytest.mark.slow  # a first build compiles for about 25 s
 def test_the_native_kernel_is_built_where_a_compiler_is(monkeypatch):
     if shutil.which(os.environ.get("CXX") or "g++") is None and shutil.which("c++") is None:
         pytest.skip("no C++ compiler: the buffer stacks frames with XLA")

@@ -16,6 +16,7 @@ import sys
 import textwrap
 
 import pytest
+import tensorflow as tf
 
 from tfreplay import native
 
@@ -143,7 +144,7 @@ def test_nothing_is_built_without_the_opt_in_and_one_line_says_what_is_built_wit
     without, built = lines[:opt_in], lines[opt_in + 1 :]
     assert len(without) == 2, without  # the two kernels asked for, one warning each, no build
     assert "the compiled window plan is not available (not compiled into this install" in without[0]
-    assert "the sum-tree TF ops are not available (not built for this TensorFlow" in without[1]
+    assert f"the sum-tree TF ops are not available (not built for TensorFlow {tf.__version__}" in without[1]
     assert "Run `python -m tfreplay.native build` once for this TensorFlow" in without[1]
     assert len(built) == 1 and built[0].startswith("tfreplay: building the compiled sum tree (sum_tree.cc) into ")
     assert "TFREPLAY_BUILD_OPS=1" in built[0]
@@ -205,7 +206,8 @@ def test_two_processes_building_one_kernel_compile_it_once(tmp_path):
 
 @pytest.fixture(scope="module")
 def built_package(tmp_path_factory):
-    """A source tree with its C libraries compiled in place by setup.py (as `pip install -e .` does)."""
+    """A source tree with its C libraries compiled in place by setup.py (as `pip install -e .` does), and the TF ops
+    for this TensorFlow (setup.py builds them where the building Python imports TensorFlow, as here)."""
     if GXX is None:
         pytest.skip("no C++ compiler here")
     tree = copy_package(tmp_path_factory.mktemp("built"))
@@ -241,6 +243,51 @@ def test_a_packaged_library_from_other_sources_is_not_used(tmp_path, built_packa
     assert got["windows"] is False and got["compiled"] is True  # the edited kernel is skipped, the other loads
     assert got["status"]["windows"][:2] == ["missing", None] and got["status"]["sum_tree"][0] == "package"
     assert len(lines) == 1 and "the compiled window plan is not available (the packaged library does not" in lines[0]
+
+
+TF_SAMPLE = """
+import json, tensorflow as tf, tfreplay
+from tfreplay import native
+rb = tfreplay.TFPrioritizedReplayBuffer({"x": tf.TensorSpec([2], tf.float32)}, batch_size=4, max_length=16, seed=0)
+rb.add_batch({"x": tf.ones([4, 2])})
+items, info = rb.get_next(8)
+rb.update_priorities(info.ids, [2.0] * 8)
+print(json.dumps({row.name: [row.origin, row.path, row.reason] for row in native.status()}))
+"""
+
+
+@pytest.mark.slow  # a fresh process imports TensorFlow
+def test_the_tf_ops_built_into_the_package_load_for_their_tensorflow_with_no_build_step(tmp_path, built_package):
+    ops = sorted(p.name for p in (built_package / "tfreplay/native/ops").iterdir())
+    assert [op.split("-tf")[0] for op in ops] == ["frame_stack", "sum_tree_ops"], ops
+    assert all(f"-tf{tf.__version__}-" in op for op in ops), ops
+    env = environment(tmp_path, built_package, **no_compiler(tmp_path))
+    status, lines = python(TF_SAMPLE, env, tmp_path)
+    for op in ("sum_tree_ops", "frame_stack"):
+        origin, path, _ = status[op]
+        assert origin == "package" and pathlib.Path(path).parent == built_package / "tfreplay/native/ops", status
+    assert lines == [] and not (tmp_path / "cache").exists()  # no warning, nothing built
+
+
+@pytest.mark.slow  # fresh processes import TensorFlow
+@pytest.mark.parametrize("renamed", ["another version", "other sources"])
+def test_a_packaged_tf_op_for_another_tensorflow_or_other_sources_is_not_loaded(tmp_path, built_package, renamed):
+    tree = tmp_path / "tree"
+    shutil.copytree(built_package, tree)
+    (op,) = (tree / "tfreplay/native/ops").glob("sum_tree_ops-*.so")
+    version, key = op.stem.split("-tf")[1].split("-")
+    op.rename(
+        op.with_name(
+            f"sum_tree_ops-tf0.0.1-{key}.so"
+            if renamed == "another version"
+            else f"sum_tree_ops-tf{version}-{'0' * 16}.so"
+        )
+    )
+    env = environment(tmp_path, tree, **no_compiler(tmp_path))
+    status, lines = python(TF_SAMPLE, env, tmp_path)
+    assert status["sum_tree_ops"][:2] == ["missing", None] and status["frame_stack"][0] == "package", status
+    why = f"not built for TensorFlow {tf.__version__}" if renamed == "another version" else "does not match its sources"
+    assert len(lines) == 1 and "the sum-tree TF ops are not available" in lines[0] and why in lines[0], lines
 
 
 def test_an_install_from_source_without_a_compiler_still_succeeds(tmp_path):

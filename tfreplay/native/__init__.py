@@ -11,11 +11,14 @@ instead: same results, slower.
 * `frame_stack()`: the op that stacks a frame buffer's frames in one pass (`frame_stack.cc`).
 
 How they load. The two C libraries are compiled when the package is built (`pip wheel`, `pip install`,
-`pip install -e .`: setup.py's optional extension, a baseline ISA) and load from the package. A TF op must be
-built against the installed TensorFlow, so it is an explicit step: `python -m tfreplay.native build` builds
-the TF ops (and the C libraries where the package lacks them) into the cache: `$TFREPLAY_CACHE`, else
-`$XDG_CACHE_HOME/tfreplay`, else `~/.cache/tfreplay` (a private temp folder where that cannot be written).
-Nothing compiles on first use unless `TFREPLAY_BUILD_OPS=1` allows it (one line says what it builds).
+`pip install -e .`: setup.py's optional extension, a baseline ISA) and load from the package. A TF op is built
+against one TensorFlow and loads only into that version: a wheel carries the ops for each TensorFlow it was built
+with (setup.py builds them where the building Python imports TensorFlow, or for the Pythons named in
+`TFREPLAY_WHEEL_TF`: `native/ops/<op>-tf<version>-<sources>.so`). For any other TensorFlow, the ops are one
+explicit step: `python -m tfreplay.native build` builds them (and the C libraries where the package lacks them)
+into the cache: `$TFREPLAY_CACHE`, else `$XDG_CACHE_HOME/tfreplay`, else `~/.cache/tfreplay` (a private temp
+folder where that cannot be written). Nothing compiles on first use unless `TFREPLAY_BUILD_OPS=1` allows it (one
+line says what it builds).
 
 Where a kernel is missing, its first use logs one WARNING per process (logger `tfreplay.native`) naming
 what got slower and the fix. `TFREPLAY_NATIVE=0` turns every kernel off on purpose, without a warning; it is
@@ -29,6 +32,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
+import glob
 import importlib.machinery
 import logging
 import os
@@ -76,12 +80,12 @@ _KERNELS = {
         "the sum-tree TF ops",
         "TFPrioritizedReplayBuffer samples and updates priorities with TF array ops, 5-7x slower (a sample of 256 "
         "and its update on 100k items)",
-        "35 s",
+        "25 s",
     ),
     "frame_stack": _Kernel(
         "the frame-stacking TF op",
-        "TFFrameReplayBuffer stacks frames with XLA instead, about 1.2x slower (get_next(32) of Atari frames)",
-        "35 s",
+        "TFFrameReplayBuffer stacks frames with XLA instead, 1.2-2x slower (get_next(32) of Atari frames)",
+        "25 s",
     ),
 }
 NAMES = tuple(_KERNELS)
@@ -237,14 +241,18 @@ def _fallback_message(name: str, reason: str) -> str:
 def _load(name: str) -> tuple[Any, str]:
     """`(kernel, "")` from the package, else the cache, else a build where allowed; else `(None, why)`."""
     packaged, stale = _packaged(name)
+    reason = _missing_reason(name, stale)
     if packaged is not None and not stale:
-        return _open(name, packaged)
+        kernel, reason = _open(name, packaged)
+        # A wheel's TF op that this TensorFlow refuses (another build of the same version) leaves the cache's.
+        if kernel is not None or name in _sources.LIBRARIES:
+            return kernel, reason
     command = _build.compiler()
     cached = _build.find(name, _config(name), command)
     if cached is not None:
         return _open(name, cached)
     if os.environ.get("TFREPLAY_BUILD_OPS") != "1":
-        return None, _missing_reason(name, stale)
+        return None, reason
     if command is None:
         return None, _build.no_compiler_reason()
     outcome = _compile(name, "TFREPLAY_BUILD_OPS=1 allows builds on first use")
@@ -258,7 +266,7 @@ def _missing_reason(name: str, stale: bool) -> str:
         return "the packaged library does not match its sources"
     if name in _sources.LIBRARIES:
         return "not compiled into this install (installed without a C++ compiler?)"
-    return "not built for this TensorFlow"
+    return f"not built for TensorFlow {tf.__version__}"
 
 
 def _compile(name: str, why: str) -> _build.Outcome:
@@ -284,10 +292,9 @@ def _compile(name: str, why: str) -> _build.Outcome:
 
 
 def _flags(name: str) -> list[str]:
-    flags = ["-shared", "-fPIC", "-w", *_sources.FLAGS, f'-D{_sources.KEY_MACRO}="{_sources.source_key(name)}"']
-    if name not in _sources.LIBRARIES:
-        flags += [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
-    return flags
+    if name in _sources.LIBRARIES:
+        return _sources.build_flags(name)
+    return _sources.build_flags(name, [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()])
 
 
 def _config(name: str) -> list[str]:
@@ -297,9 +304,15 @@ def _config(name: str) -> list[str]:
 
 
 def _packaged(name: str) -> tuple[pathlib.Path | None, bool]:
-    """The library built into the package (C libraries only), and whether its sources differ from these."""
+    """The library built into the package, and whether its sources differ from these. A TF op counts only when
+    it was built for this TensorFlow version (`_sources.packaged_op`)."""
     if name not in _sources.LIBRARIES:
-        return None, False
+        folder = _HERE / _sources.PACKAGED_OPS
+        path = folder / _sources.packaged_op(name, tf.__version__)
+        if path.is_file():
+            return path, False
+        other = next(iter(sorted(folder.glob(f"{name}-tf{glob.escape(tf.__version__)}-*.so"))), None)
+        return other, other is not None  # built for this TensorFlow from other sources: stale
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = _HERE / f"_{name}{suffix}"
         if path.is_file():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+from typing import Sequence
 
 KERNELS = pathlib.Path(__file__).with_name("kernels")
 
@@ -21,6 +22,11 @@ FILES = {
 
 # Plain C libraries (no TensorFlow): compiled into the package when it is built, loaded with ctypes.
 LIBRARIES = ("sum_tree", "windows")
+# TF ops: built against one TensorFlow, into the cache (`python -m tfreplay.native build`) or into a wheel.
+OPS = ("sum_tree_ops", "frame_stack")
+
+# Where a wheel carries TF ops built for given TensorFlow versions, beside this file.
+PACKAGED_OPS = "ops"
 
 # No floating-point contraction: sums must round exactly as the array-op fallback rounds them.
 FLAGS = ("-O3", "-ffp-contract=off", "-std=c++17")
@@ -35,3 +41,15 @@ def source_key(name: str, kernels: pathlib.Path = KERNELS) -> str:
     for file in FILES[name]:
         digest.update(file.encode() + b"\0" + (kernels / file).read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def build_flags(name: str, tf_flags: Sequence[str] = ()) -> list[str]:
+    """The compiler flags of a shared library of kernel `name`; a TF op adds TensorFlow's own (its
+    `tf.sysconfig.get_compile_flags()`, then `get_link_flags()`)."""
+    return ["-shared", "-fPIC", "-w", *FLAGS, f'-D{KEY_MACRO}="{source_key(name)}"', *tf_flags]
+
+
+def packaged_op(name: str, tf_version: str) -> str:
+    """The file name of TF op `name` built into a wheel for TensorFlow `tf_version` from these sources: a wheel
+    loads only the one named for the running TensorFlow (a TF op's ABI is that version's)."""
+    return f"{name}-tf{tf_version}-{source_key(name)}.so"
