@@ -107,7 +107,9 @@ bench: $(VENV)/.installed-bench
 
 # The Benchmarks page's charts (docs/images/benchmarks/) from the interleaved runs it keeps in docs/data/benchmarks/.
 bench-charts: $(VENV)/.installed-bench
-	$(PY) -m benchmarks.charts docs/data/benchmarks/*.json --out docs/images/benchmarks
+	$(PY) -m benchmarks.charts docs/data/benchmarks/learner.json --out docs/images/benchmarks
+	$(PY) -m benchmarks.charts docs/data/benchmarks/memmap.json --out docs/images/benchmarks \
+		--one-chart "memory-mapped storage against RAM (NumPy buffers)"
 
 bench-prioritized: $(VENV)/.installed-bench
 	$(MAKE) bench BENCH=benchmarks/test_prioritized.py ROUNDS=$(ROUNDS)
