@@ -57,11 +57,37 @@ def bars(result: Dict[str, Any], group: str, versus: bool = False) -> List[Dict[
     return out
 
 
-def every_group(result: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Each group's cases but its baseline, against that baseline, as one list of `bars` named `group: case`."""
+def every_group(
+    result: Dict[str, Any], keep: Sequence[str] = (), versus: bool = False, beside: Sequence[str] = ()
+) -> List[Dict[str, Any]]:
+    """Bars from every group (or those whose names hold one of `keep`), named `group: case`: each case but the
+    baseline over its group's baseline; with `versus`, each case set beside another over that case; with
+    `beside`, each group's tfreplay case over the case of each peer named (its name's first word), where the group
+    has one."""
     out = []
-    for group in interleave.groups(result):
-        out += [{**row, "case": f"{group}: {row['case']}"} for row in bars(result, group) if not row["reference"]]
+    for group, cases in interleave.groups(result).items():
+        if keep and not any(k in group for k in keep):
+            continue
+        if beside:
+            out += _beside(group, cases, beside)
+            continue
+        rows = [row for row in bars(result, group, versus) if versus or not row["reference"]]
+        out += [{**row, "case": f"{group}: {row['case']}", "reference": False} for row in rows]
+    return out
+
+
+def _beside(group: str, cases: List[Dict[str, Any]], peers: Sequence[str]) -> List[Dict[str, Any]]:
+    """The group's tfreplay case (its NumPy-side one, "tfreplay Py", where it has several) over each peer's."""
+    mine = [c for c in cases if c["case"].split()[0] == "tfreplay"]
+    mine = [c for c in mine if c["case"].endswith(" Py")] or mine
+    out = []
+    for peer in peers:
+        theirs = [c for c in cases if c["case"].split()[0] == peer]
+        if mine and theirs:
+            spread = interleave.ratio(mine[0], theirs[0])
+            name = f"{group}: {mine[0]['case']} / {theirs[0]['case']}"
+            row = {"case": name, "median": spread.median, "low": spread.low, "high": spread.high}
+            out.append({**row, "parity": spread.parity, "reference": False})
     return out
 
 
@@ -77,18 +103,27 @@ def versus_group(result: Dict[str, Any], group: str) -> str | None:
 
 
 def draw(
-    result: Dict[str, Any], group: str | None, path: pathlib.Path, versus: bool = False, title: str = ""
+    result: Dict[str, Any],
+    group: str | None,
+    path: pathlib.Path,
+    versus: bool = False,
+    title: str = "",
+    keep: Sequence[str] = (),
+    beside: Sequence[str] = (),
 ) -> pathlib.Path:
     """One group's chart, written to `path` (PNG); with `versus`, its cases over the cases they are set beside;
-    with `group` None, every group's cases against their own baselines in one chart called `title`."""
+    with `group` None, the bars of `every_group` in one chart called `title`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = bars(result, group, versus) if group is not None else every_group(result)
+    rows = bars(result, group, versus) if group is not None else every_group(result, keep, versus, beside)
+    if not rows:
+        raise ValueError(f"charts: nothing to draw for {title or group!r} (no group or case matches)")
     if group is None:
-        base, group = "its group's baseline", title
+        base = "the peer's" if beside else "the case it is set beside" if versus else "its group's baseline"
+        group = title
     elif versus:
         other = versus_group(result, group)
         base, group = f"the same case of {other}", f"{group} over {other}"
@@ -103,12 +138,18 @@ def draw(
     ax.barh(y, medians, xerr=errors, color=colors, height=0.6, error_kw={"ecolor": "#333333", "capsize": 3})
     ax.axvline(1.0, color="#c44e52", linewidth=1)
     ax.set_yticks(y)
-    ax.set_yticklabels([textwrap.shorten(r["case"], 58, placeholder="...") for r in rows], fontsize=8)
+    names = [r["case"] for r in rows]
+    first = {name.split()[0] for name in names}
+    if len(first) == 1 and len(rows) > 1 and all(": " in name for name in names):  # every group's first word
+        names = [name.split(" ", 1)[1] for name in names]
+    ax.set_yticklabels([textwrap.shorten(name, 58, placeholder="...") for name in names], fontsize=8)
     top = max(r["high"] for r in rows)
+    log = top > 8 or min(r["low"] for r in rows) < 0.1  # cases far out: a log axis keeps the others readable
     for yi, r in zip(y, rows):
-        label = "1.00x (reference)" if r["reference"] else f"{r['median']:.2f}x" + (" parity" if r["parity"] else "")
-        ax.text(r["high"] * 1.05 if top > 8 else r["high"] + top * 0.01, yi, label, va="center", fontsize=8)
-    if top > 8:  # one case far out (a cold cache): a log axis keeps the others readable
+        figure = f"{r['median']:.2f}x" if r["median"] >= 0.1 else f"{r['median']:.2g}x"
+        label = "1.00x (reference)" if r["reference"] else figure + (" parity" if r["parity"] else "")
+        ax.text(r["high"] * 1.08 if log else r["high"] + top * 0.01, yi, label, va="center", fontsize=8)
+    if log:
         ax.set_xscale("log")
         ax.set_xlim(min(r["low"] for r in rows) / 1.5, top * 3)
     else:
@@ -130,13 +171,21 @@ def main(argv: Sequence[str] | None = None) -> List[pathlib.Path]:
     parser.add_argument("--out", type=pathlib.Path, required=True, help="the folder the PNGs go to")
     parser.add_argument("--groups", nargs="*", default=None, help="keep the groups whose names hold one of these")
     parser.add_argument("--one-chart", default=None, metavar="TITLE", help="all groups of a run in one chart")
+    parser.add_argument("--name", default=None, help="with --one-chart: the PNG's name (default: the JSON's stem)")
+    parser.add_argument("--versus", action="store_true", help="with --one-chart: cases over those set beside them")
+    parser.add_argument("--beside", nargs="*", default=(), help="with --one-chart: tfreplay over these peers")
     args = parser.parse_args(argv)
     written = []
     for source in args.json:
-        for result in json.loads(source.read_text())["runs"]:
-            if args.one_chart:
-                written.append(draw(result, None, args.out / f"{source.stem}.png", title=args.one_chart))
-                continue
+        runs = json.loads(source.read_text())["runs"]
+        if args.one_chart:  # the first run that has the groups asked for
+            run = next(
+                r for r in runs if not args.groups or any(g in c["group"] for c in r["cases"] for g in args.groups)
+            )
+            path = args.out / f"{args.name or source.stem}.png"
+            written.append(draw(run, None, path, args.versus, args.one_chart, args.groups or (), args.beside))
+            continue
+        for result in runs:
             for group in interleave.groups(result):
                 if args.groups and not any(g in group for g in args.groups):
                     continue

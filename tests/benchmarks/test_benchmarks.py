@@ -222,6 +222,50 @@ def test_charts_draw_each_group_against_its_reference_with_the_runs_line(tmp_pat
     assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_one_chart_sets_every_group_beside_its_baseline_its_versus_case_or_a_peer(tmp_path):
+    pytest.importorskip("matplotlib")
+
+    def case(group, name, seconds, **extra):
+        return {"group": group, "case": name, "ops": 1, "calls": 1, "seconds": seconds, **extra}
+
+    result = {
+        "rounds": 2,
+        "seconds": 0.25,
+        "loads": [0.5, 0.5],
+        "about": "`test_peers.py`, 2026-12-03",
+        "cases": [
+            case("peers add Py", "NumPy", [1.0, 1.0], role="baseline"),
+            case("peers add Py", "tfreplay", [2.0, 4.0], versus=["peers add Py", "TF-Agents"]),
+            case("peers add Py", "TF-Agents", [200.0, 400.0]),
+            case("peers add Py", "cpprb", [1.0, 2.0]),
+            case("peers dataset", "NumPy", [1.0, 1.0], role="baseline"),
+            case("peers dataset", "tfreplay TF", [3.0, 3.0]),
+            case("peers dataset", "tfreplay Py", [5.0, 5.0]),
+            case("peers dataset", "reverb", [10.0, 20.0]),
+        ],
+    }
+    baselines = {r["case"]: r["median"] for r in charts.every_group(result)}
+    assert baselines == {
+        "peers add Py: tfreplay": 3.0,
+        "peers add Py: TF-Agents": 300.0,
+        "peers add Py: cpprb": 1.5,
+        "peers dataset: tfreplay TF": 3.0,
+        "peers dataset: tfreplay Py": 5.0,
+        "peers dataset: reverb": 15.0,
+    }
+    (versus,) = charts.every_group(result, versus=True)
+    assert versus["case"] == "peers add Py: tfreplay" and versus["median"] == pytest.approx(0.01)
+    beside = {r["case"]: (r["low"], r["high"]) for r in charts.every_group(result, beside=["cpprb", "reverb"])}
+    assert beside == {"peers add Py: tfreplay / cpprb": (2.0, 2.0), "peers dataset: tfreplay Py / reverb": (0.25, 0.5)}
+    path = tmp_path / "peers.json"
+    path.write_text(json.dumps({"runs": [result]}))
+    out = str(tmp_path / "png")
+    (written,) = charts.main([str(path), "--out", out, "--one-chart", "beside peers", "--beside", "cpprb", "reverb"])
+    assert written.name == "peers.png" and written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match=r"charts: nothing to draw for 'none' \(no group or case matches\)"):
+        charts.main([str(path), "--out", out, "--one-chart", "none", "--beside", "nobody"])
+
+
 def test_interleaved_run_refuses_no_rounds_and_two_cases_of_one_name():
     case = interleave.Case("g", "c", lambda: None, calls=1)
     with pytest.raises(ValueError, match=r"run: rounds \(0\) must be at least 1"):
