@@ -105,11 +105,17 @@ bench: $(VENV)/.installed-bench
 	$(PY) $(BENCH_PYTEST) $(BENCH) $(ARGS)
 	$(PY) -m benchmarks.report $(BENCH_JSON)
 
-# The Benchmarks page's charts (docs/images/benchmarks/) from the interleaved runs it keeps in docs/data/benchmarks/.
+# The Benchmarks page's charts (docs/images/benchmarks/) from the interleaved runs it keeps in docs/data/benchmarks/:
+# the learner's groups, memmap against RAM, and tfreplay over its peers (`make bench-peers`' JSON, kept as peers.json).
 bench-charts: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.charts docs/data/benchmarks/learner.json --out docs/images/benchmarks
 	$(PY) -m benchmarks.charts docs/data/benchmarks/memmap.json --out docs/images/benchmarks \
 		--one-chart "memory-mapped storage against RAM (NumPy buffers)"
+	$(PY) -m benchmarks.charts docs/data/benchmarks/peers.json --out docs/images/benchmarks --groups peers \
+		--one-chart "tfreplay's time over TF-Agents', per call (TF 2.15)" --versus --name peers-tf-agents
+	$(PY) -m benchmarks.charts docs/data/benchmarks/peers.json --out docs/images/benchmarks --groups peers \
+		--one-chart "tfreplay's time over cpprb's and Reverb's, NumPy side (TF 2.15)" --beside cpprb reverb \
+		--name peers-cpprb-reverb
 
 bench-prioritized: $(VENV)/.installed-bench
 	$(MAKE) bench BENCH=benchmarks/test_prioritized.py ROUNDS=$(ROUNDS)
