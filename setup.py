@@ -46,24 +46,36 @@ def native_libraries():
 
 
 def tf_pythons():
-    """The Pythons whose TensorFlow the TF ops are built for: `TFREPLAY_WHEEL_TF` (paths separated by
-    `os.pathsep`; `none` for no TF ops), else this Python where it has TensorFlow (`pip wheel
-    --no-build-isolation` in a venv with TensorFlow; pip's isolated build has none)."""
+    """`(python, hidden)` for each Python whose TensorFlow the TF ops are built for: `TFREPLAY_WHEEL_TF` (paths
+    separated by `os.pathsep`; `none` for no TF ops), else this Python where it has TensorFlow. `hidden`: this
+    Python's own environment is hidden from this build (pip's isolated build puts its own packages first through
+    PYTHONPATH and drops the environment's); asked without that, it still shows whether TensorFlow is installed
+    where the package goes, as in `pip install .` in a venv that has TensorFlow."""
     named = os.environ.get("TFREPLAY_WHEEL_TF", "")
     if named.strip().lower() == "none":
         return []
     if named:
-        return [python for python in named.split(os.pathsep) if python]
-    return [sys.executable] if importlib.util.find_spec("tensorflow") is not None else []
+        return [(python, python != sys.executable) for python in named.split(os.pathsep) if python]
+    if importlib.util.find_spec("tensorflow") is not None:
+        return [(sys.executable, False)]
+    if "PYTHONPATH" in os.environ:  # an isolated build: is TensorFlow where the package is going?
+        code = "import importlib.util as u, sys; sys.exit(u.find_spec('tensorflow') is None)"
+        done = subprocess.run([sys.executable, "-c", code], env=_unhidden(), capture_output=True)
+        if done.returncode == 0:
+            return [(sys.executable, True)]
+    return []
 
 
-def tensorflow_of(python):
-    """`(version, compile and link flags)` of the TensorFlow that `python` imports, asked in a process of its own."""
+def _unhidden():
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
+
+
+def tensorflow_of(python, hidden):
+    """`(version, compile and link flags)` of the TensorFlow that `python` imports, asked in a process of its own
+    (`hidden`: without this build's PYTHONPATH, which would hide that Python's packages)."""
     code = "import json, tensorflow as tf; s = tf.sysconfig"
     code += "; print(json.dumps([tf.__version__, s.get_compile_flags() + s.get_link_flags()]))"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    if python != sys.executable:  # another venv's Python: its own packages, not this build's
-        env.pop("PYTHONPATH", None)
+    env = dict(_unhidden() if hidden else os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise OSError(f"{python} could not import tensorflow: {done.stderr.strip().splitlines()[-1:]}")
@@ -92,10 +104,12 @@ class OptionalBuildExt(build_ext):
         sources = native_sources()
         folder = pathlib.Path("tfreplay" if self.inplace else os.path.join(self.build_lib, "tfreplay"))
         folder = folder / "native" / sources.PACKAGED_OPS
+        for stale in folder.glob("*.so"):  # an earlier build's, in a reused build folder
+            stale.unlink()
         jobs = []
-        for python in tf_pythons():
+        for python, hidden in tf_pythons():
             try:
-                version, flags = tensorflow_of(python)
+                version, flags = tensorflow_of(python, hidden)
             except OSError as err:
                 print(f"tfreplay: no TF ops for {python}: {err}", file=sys.stderr)
                 continue

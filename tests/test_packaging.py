@@ -336,15 +336,16 @@ def test_the_wheel_carries_the_tf_ops_so_prioritized_and_frames_need_no_build_st
     user.note(f"TensorFlow {version}, no build step: {status['sum_tree_ops'][1].rsplit('/', 1)[1]} from the wheel")
 
 
-@needs_wheel_lane
-def test_the_wheel_built_for_two_tensorflows_loads_each_ones_ops(user, tmp_path):
-    # `TFREPLAY_WHEEL_TF` (as `make test-wheel` and `make wheel` set it) names a second Python, with TF 2.15.
+def second_tensorflow() -> pathlib.Path:
+    """The second Python of `TFREPLAY_WHEEL_TF` (as `make test-wheel` and `make wheel` set it: TF 2.15's)."""
     others = [p for p in os.environ.get("TFREPLAY_WHEEL_TF", "").split(os.pathsep) if p and p != sys.executable]
     if not others:
         pytest.skip("TFREPLAY_WHEEL_TF names no second Python (make test-wheel names the TF 2.15 venv's)")
-    # A venv over that Python's packages (TensorFlow 2.15 and its pins) with only the wheel installed on top.
-    python = pathlib.Path(others[0]).absolute()
-    venv = tmp_path / "venv"
+    return pathlib.Path(others[0]).absolute()
+
+
+def venv_over(python: pathlib.Path, venv: pathlib.Path) -> pathlib.Path:
+    """A fresh venv over `python`'s packages (a .pth file), with nothing of its own; returns its Python."""
     subprocess.run([str(python), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
@@ -355,11 +356,36 @@ def test_the_wheel_built_for_two_tensorflows_loads_each_ones_ops(user, tmp_path)
     code = "import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_path('purelib'), 'base.pth').write_text("
     code += "f'import site; site.addsitedir({sys.argv[1]!r})\\n')"
     subprocess.run([str(venv / "bin/python"), "-c", code, site], check=True, timeout=60)
-    install = [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q", "--no-deps"]
-    subprocess.run([*install, str(user.wheel)], check=True, timeout=300, capture_output=True)
-    version, status = tf_ops_in_the_wheel(user, str(venv / "bin/python"))
+    return venv / "bin/python"
+
+
+def pip_install(python: pathlib.Path, what: str) -> None:
+    """`pip install --no-deps what` into `python`'s venv (this venv's pip, run as that Python)."""
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", what]
+    done = subprocess.run(install, timeout=600, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@needs_wheel_lane
+def test_the_wheel_built_for_two_tensorflows_loads_each_ones_ops(user, tmp_path):
+    # TensorFlow 2.15 and its pins, with only the wheel installed on top.
+    python = venv_over(second_tensorflow(), tmp_path / "venv")
+    pip_install(python, str(user.wheel))
+    version, status = tf_ops_in_the_wheel(user, str(python))
     assert version.startswith("2.15"), version
     user.note(f"TensorFlow {version}, no build step: {status['sum_tree_ops'][1].rsplit('/', 1)[1]} from the wheel")
+
+
+@needs_wheel_lane
+def test_pip_install_from_the_checkout_builds_the_tf_ops_where_tensorflow_is_installed(user, tmp_path):
+    # `pip install .` (pip's isolated build) into a venv that has TensorFlow 2.15: the install builds its ops.
+    python = venv_over(second_tensorflow(), tmp_path / "venv")
+    start = time.perf_counter()
+    pip_install(python, str(ROOT))
+    seconds = time.perf_counter() - start
+    version, status = tf_ops_in_the_wheel(user, str(python))
+    assert version.startswith("2.15"), version
+    user.note(f"pip install <checkout> where TensorFlow {version} is: {seconds:.0f} s, its TF ops from the package")
 
 
 # --- the other Pythons of the supported range (`make test-pythons`) ---

@@ -12,13 +12,13 @@ instead: same results, slower.
 
 How they load. The two C libraries are compiled when the package is built (`pip wheel`, `pip install`,
 `pip install -e .`: setup.py's optional extension, a baseline ISA) and load from the package. A TF op is built
-against one TensorFlow and loads only into that version: a wheel carries the ops for each TensorFlow it was built
-with (setup.py builds them where the building Python imports TensorFlow, or for the Pythons named in
-`TFREPLAY_WHEEL_TF`: `native/ops/<op>-tf<version>-<sources>.so`). For any other TensorFlow, the ops are one
-explicit step: `python -m tfreplay.native build` builds them (and the C libraries where the package lacks them)
-into the cache: `$TFREPLAY_CACHE`, else `$XDG_CACHE_HOME/tfreplay`, else `~/.cache/tfreplay` (a private temp
-folder where that cannot be written). Nothing compiles on first use unless `TFREPLAY_BUILD_OPS=1` allows it (one
-line says what it builds).
+against one TensorFlow and loads only into that version: a wheel carries the ops for each TensorFlow it was
+built with (`native/ops/<op>-tf<version>-<sources>.so`). setup.py builds them where the building Python imports
+TensorFlow, where the environment a `pip install` goes into has it, or for the Pythons named in
+`TFREPLAY_WHEEL_TF`. For any other TensorFlow, the ops are one explicit step: `python -m tfreplay.native build`
+builds them (and the C libraries where the package lacks them) into the cache: `$TFREPLAY_CACHE`, else
+`$XDG_CACHE_HOME/tfreplay`, else `~/.cache/tfreplay` (a private temp folder where that cannot be written).
+Nothing compiles on first use unless `TFREPLAY_BUILD_OPS=1` allows it (one line says what it builds).
 
 Where a kernel is missing, its first use logs one WARNING per process (logger `tfreplay.native`) naming
 what got slower and the fix. `TFREPLAY_NATIVE=0` turns every kernel off on purpose, without a warning; it is
