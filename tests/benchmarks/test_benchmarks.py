@@ -186,18 +186,21 @@ def test_interleaved_cases_set_beside_another_group_and_the_report_prints_them(t
     assert "| K=16 | 3,500,000 (3,000,000-4,000,000) | - | 2.50x (2.00-3.00) | 1.25x (1.00-1.50) parity |" in text
 
 
+def _case(group: str, name: str, seconds: list, **extra) -> dict:
+    """One case of an interleaved run's result, as `interleave.run` records it."""
+    return {"group": group, "case": name, "ops": 1, "calls": 1, "seconds": seconds, **extra}
+
+
+def _interleaved(about: str, cases: list, loads: tuple = (0.5, 0.75)) -> dict:
+    return {"rounds": len(cases[0]["seconds"]), "seconds": 0.25, "loads": list(loads), "about": about, "cases": cases}
+
+
 def test_charts_draw_each_group_against_its_reference_with_the_runs_line(tmp_path):
     pytest.importorskip("matplotlib")
-
-    def case(group, name, seconds, **extra):
-        return {"group": group, "case": name, "ops": 1, "calls": 1, "seconds": seconds, **extra}
-
-    result = {
-        "rounds": 3,
-        "seconds": 0.25,
-        "loads": [0.5, 0.75],
-        "about": "`test_x.py`, 2026-12-03; 2 CPUs",
-        "cases": [
+    case = _case
+    result = _interleaved(
+        "`test_x.py`, 2026-12-03; 2 CPUs",
+        [
             case("learner", "K=16", [1.1, 1.3, 1.2]),
             case("learner", "floor", [1.0, 1.0, 1.0], role="floor"),
             case("learner", "K=64", [0.9, 1.1, 1.0]),
@@ -205,7 +208,7 @@ def test_charts_draw_each_group_against_its_reference_with_the_runs_line(tmp_pat
             case("prio", "floor", [1.0, 1.0, 1.0], role="floor"),
             case("prio", "K=16", [2.2, 2.6, 3.6], versus=["learner", "K=16"]),
         ],
-    }
+    )
     rows = {r["case"]: r for r in charts.bars(result, "learner")}
     assert rows["floor"]["reference"] and not rows["floor"]["parity"]
     assert (rows["K=16"]["median"], rows["K=16"]["low"], rows["K=16"]["high"]) == pytest.approx((1.2, 1.1, 1.3))
@@ -224,16 +227,10 @@ def test_charts_draw_each_group_against_its_reference_with_the_runs_line(tmp_pat
 
 def test_one_chart_sets_every_group_beside_its_baseline_its_versus_case_or_a_peer(tmp_path):
     pytest.importorskip("matplotlib")
-
-    def case(group, name, seconds, **extra):
-        return {"group": group, "case": name, "ops": 1, "calls": 1, "seconds": seconds, **extra}
-
-    result = {
-        "rounds": 2,
-        "seconds": 0.25,
-        "loads": [0.5, 0.5],
-        "about": "`test_peers.py`, 2026-12-03",
-        "cases": [
+    case = _case
+    result = _interleaved(
+        "`test_peers.py`, 2026-12-03",
+        [
             case("peers add Py", "NumPy", [1.0, 1.0], role="baseline"),
             case("peers add Py", "tfreplay", [2.0, 4.0], versus=["peers add Py", "TF-Agents"]),
             case("peers add Py", "TF-Agents", [200.0, 400.0]),
@@ -243,7 +240,7 @@ def test_one_chart_sets_every_group_beside_its_baseline_its_versus_case_or_a_pee
             case("peers dataset", "tfreplay Py", [5.0, 5.0]),
             case("peers dataset", "reverb", [10.0, 20.0]),
         ],
-    }
+    )
     baselines = {r["case"]: r["median"] for r in charts.every_group(result)}
     assert baselines == {
         "peers add Py: tfreplay": 3.0,
