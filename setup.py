@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import shlex
 import subprocess
 import sys
 import time
@@ -18,10 +17,11 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 HERE = pathlib.Path(__file__).parent
 
 
-def native_sources():
-    """`tfreplay/native/_sources.py` (kernel files, shared flags, source keys), loaded by path: no TensorFlow."""
-    spec = importlib.util.spec_from_file_location("tfreplay_native_sources", HERE / "tfreplay/native/_sources.py")
-    module = importlib.util.module_from_spec(spec)
+def native_module(name):
+    """`tfreplay/native/<name>.py` loaded by its path, with no TensorFlow and nothing else of tfreplay: `_sources`
+    (kernel files, shared flags, source keys) and `_build` (the compiler, one compile)."""
+    spec = importlib.util.spec_from_file_location(f"tfreplay_native{name}", HERE / f"tfreplay/native/{name}.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -30,7 +30,7 @@ def native_libraries():
     """The plain C kernels as shared libraries inside the package (`tfreplay/native/_<name>.*.so`, loaded with
     ctypes, never imported): a baseline ISA, so a wheel runs on any CPU of its platform; each carries the key
     of its sources, which the loader checks."""
-    sources = native_sources()
+    sources = native_module("_sources")
     return [
         Extension(
             f"tfreplay.native._{name}",
@@ -101,7 +101,7 @@ class OptionalBuildExt(build_ext):
     def build_tf_ops(self):
         """Both ops for each TensorFlow, side by side (a compiler process per core), for any CPU of the platform
         (no -march=native, as the C libraries). A failed op is left out, with the compiler's first error."""
-        sources = native_sources()
+        sources = native_module("_sources")
         folder = pathlib.Path("tfreplay" if self.inplace else os.path.join(self.build_lib, "tfreplay"))
         folder = folder / "native" / sources.PACKAGED_OPS
         for stale in folder.glob("*.so"):  # an earlier build's, in a reused build folder
@@ -116,8 +116,12 @@ class OptionalBuildExt(build_ext):
             jobs += [(name, version, flags) for name in sources.OPS]
         if not jobs:
             return
+        tools = native_module("_build")
+        compiler = tools.compiler()
+        if compiler is None:
+            print(f"tfreplay: no TF ops: {tools.no_compiler_reason()}", file=sys.stderr)
+            return
         folder.mkdir(parents=True, exist_ok=True)
-        compiler = shlex.split(os.environ.get("CXX", "")) or ["g++"]
         versions = sorted({version for _, version, _ in jobs})
         print(f"tfreplay: building its TF ops for TensorFlow {', '.join(versions)} into {folder} ...", flush=True)
         start = time.perf_counter()
@@ -127,10 +131,9 @@ class OptionalBuildExt(build_ext):
             target = folder / sources.packaged_op(name, version)
             source = sources.KERNELS / sources.FILES[name][0]
             command = [*compiler, str(source), "-o", f"{target}.tmp", *sources.build_flags(name, flags), "-g0"]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                error = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr[-300:])
-                return f"tfreplay: {name} for TensorFlow {version} failed, left out: {error.strip()}"
+            ok, output = tools.run(command)
+            if not ok:
+                return f"tfreplay: {name} for TensorFlow {version} left out: {tools.first_error(compiler, output)}"
             os.replace(f"{target}.tmp", target)
             return None
 

@@ -311,7 +311,7 @@ def _packaged(name: str) -> tuple[pathlib.Path | None, bool]:
         path = folder / _sources.packaged_op(name, tf.__version__)
         if path.is_file():
             return path, False
-        other = next(iter(sorted(folder.glob(f"{name}-tf{glob.escape(tf.__version__)}-*.so"))), None)
+        other = min(folder.glob(f"{name}-tf{glob.escape(tf.__version__)}-*.so"), default=None)
         return other, other is not None  # built for this TensorFlow from other sources: stale
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = _HERE / f"_{name}{suffix}"

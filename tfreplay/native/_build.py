@@ -119,18 +119,19 @@ def compile_kernel(
                 return Outcome("cached", library)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:
                 built = pathlib.Path(tmp) / library.name
-                ok, output = _run([*command, str(source), "-o", str(built), "-march=native", *flags])
+                ok, output = run([*command, str(source), "-o", str(built), "-march=native", *flags])
                 if not ok:  # a compiler that does not know -march=native: generic code
-                    ok, output = _run([*command, str(source), "-o", str(built), *flags])
+                    ok, output = run([*command, str(source), "-o", str(built), *flags])
                 if not ok:
-                    return Outcome("failed", None, _first_error(command, output), output, time.perf_counter() - start)
+                    return Outcome("failed", None, first_error(command, output), output, time.perf_counter() - start)
                 os.replace(built, library)
         return Outcome("built", library, "", output, time.perf_counter() - start)
     except OSError as err:
         return Outcome("failed", None, f"{type(err).__name__}: {err}", "", time.perf_counter() - start)
 
 
-def _run(command: list[str]) -> tuple[bool, str]:
+def run(command: list[str]) -> tuple[bool, str]:
+    """Runs a compile: `(whether it succeeded, the compiler's output)`."""
     _log.debug("tfreplay: %s", " ".join(command))
     try:
         done = subprocess.run(command, capture_output=True, text=True)
@@ -142,7 +143,7 @@ def _run(command: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, output or f"exit status {done.returncode}"
 
 
-def _first_error(command: Sequence[str], output: str) -> str:
+def first_error(command: Sequence[str], output: str) -> str:
     """A short reason: the compiler's first error line, else its last line."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     error = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else "")
