@@ -154,7 +154,7 @@ needs_wheel_lane = pytest.mark.skipif(
 
 def clean_environment(home: pathlib.Path, path: str, **changes: str) -> dict:
     """The environment without tfreplay's settings, PYTHONPATH or a compiler choice; its own HOME and caches.
-    pip's own settings (index, cache) stay, so the venv installs from the same index a user's would."""
+    pip's settings (index, cache) stay, so the venv installs from the same index a user's would."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFREPLAY_", "VIRTUAL_ENV"))}
     for name in ("PYTHONPATH", "CXX", "TF_USE_LEGACY_KERAS", "XDG_CACHE_HOME"):
         env.pop(name, None)
@@ -209,14 +209,22 @@ def user(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(user.venv)], check=True, timeout=300)
     # The TensorFlow the wheel's ops were built for (the index may hold a newer one, which would need the build step).
     tensorflow = f"tensorflow=={importlib.metadata.version('tensorflow')}"
-    done = user.run([str(user.venv / "bin/python"), "-m", "pip", "install", "-q", f"{wheel}[rl]", tensorflow], 900)
+    python = str(user.venv / "bin/python")
+    # The same resolution from the same index as the venv's pip; uv (the Makefile's installer) takes seconds
+    # where pip takes minutes to download and unpack TensorFlow again.
+    uv = shutil.which("uv", path=os.path.dirname(sys.executable))
+    installer, cache = [python, "-m", "pip", "install"], {}
+    if uv:  # with the cache that filled this venv (the user's HOME here is a fresh one)
+        installer = [uv, "pip", "install", "--python", python]
+        cache = {"UV_CACHE_DIR": subprocess.run([uv, "cache", "dir"], capture_output=True, text=True).stdout.strip()}
+    done = user.run([*installer, "-q", f"{wheel}[rl]", tensorflow], 900, **cache)
     assert done.returncode == 0, done.stderr[-3000:]
     installed = user.seconds
     listed = user.run([str(user.venv / "bin/python"), "-m", "pip", "list", "--format=json"]).stdout
     packages = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(listed)}
     user.packages = packages
     user.note(
-        f"fresh venv, pip install <wheel>[rl]: {len(packages)} packages in {installed:.0f} s "
+        f"fresh venv, {'uv ' if uv else ''}pip install <wheel>[rl]: {len(packages)} packages in {installed:.0f} s "
         f"(tensorflow {packages.get('tensorflow')}, tf-keras {packages.get('tf-keras')}, "
         f"gymnasium {packages.get('gymnasium')}; tqdm, tensorboard, matplotlib: "
         f"{', '.join(n for n in ('tqdm', 'tensorboard', 'matplotlib') if n in packages) or 'none'})"

@@ -146,7 +146,7 @@ SETTINGS = settings(
 
 # The TF twin runs the same rules in fewer examples: the NumPy twin's 100 (in `make test`) cover the model, and
 # each TF example costs eager calls and a trace per buffer layout. TFREPLAY_TF_MODEL_EXAMPLES raises them.
-TF_EXAMPLES = int(os.environ.get("TFREPLAY_TF_MODEL_EXAMPLES", "24"))
+TF_EXAMPLES = int(os.environ.get("TFREPLAY_TF_MODEL_EXAMPLES", "16"))
 
 
 @settings(SETTINGS, max_examples=TF_EXAMPLES)
