@@ -13,7 +13,8 @@ $(VENV)/bin/python:
 	$(PY) -m pip install --quiet --upgrade pip
 
 # The venvs install with uv (from PyPI, into .venv): the same packages pip picks, in about half pip's time, compiled
-# to bytecode as pip does. `$(UV) --python PYTHON` installs into another venv. The wheel lane keeps pip: a user's.
+# to bytecode as pip does. `$(UV) --python PYTHON` installs into another venv. The wheel lane builds with pip (the
+# README's command) and installs the user's venv with uv, from the cache that filled this one.
 $(VENV)/bin/uv: | $(VENV)/bin/python
 	$(PY) -m pip install --quiet uv
 UV = $(VENV)/bin/uv pip install --quiet --compile-bytecode
@@ -179,7 +180,7 @@ wheel: $(STAMP) $(COMPAT_STAMP)
 	TFREPLAY_WHEEL_TF=$(WHEEL_TF) $(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
 
 # A user's install: the README's `pip wheel` command (for both TensorFlows, as `make wheel`), then
-# `pip install <wheel>[rl]` in one fresh venv (dependencies from the package index), used from a folder outside the
+# `<wheel>[rl]` installed in one fresh venv (dependencies from the package index), used from a folder outside the
 # checkout: import tfreplay, the README's quick start, `tfreplay-demo --steps=2000`, the compiled sum tree and the
 # wheel's TF ops loading with no compiler on PATH and no build step (on TF 2.15 too, over the compat venv's
 # packages). Prints what it did.

@@ -21,13 +21,6 @@ os.environ.setdefault("TFREPLAY_REVERB_HOST", "127.0.0.1")
 if os.environ.get("TFREPLAY_TEST_GRAPPLER") != "1":
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
 
-# Under pytest-xdist the workers already fill the cores, and each TensorFlow's intra-op pool spinning for work beside
-# the others' cost a lane about a fifth of its time on two cores (measured). A worker, and the processes its tests
-# start, run each op on one thread; the inter-op pool, which runs ops side by side, keeps its size.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-    tf.config.threading.set_intra_op_parallelism_threads(int(os.environ["TF_NUM_INTRAOP_THREADS"]))
-
 
 # The text that shows a test file may hold tests a mark selects: its name, or for `slow` also `helpers.quick`, which
 # marks the cases a matrix leaves out of `make test`.

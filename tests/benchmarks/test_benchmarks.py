@@ -22,7 +22,7 @@ CALLS = 300
 SELECTED = (
     "(test_buffers and cartpole and (numpy or Py or in-graph or AUTOTUNE))"
     " or (test_learner and dqn and not prioritized and (floor or K4) and not xla)"
-    " or (test_prioritized and in_graph and compiled)"
+    " or (test_prioritized and numpy and uniform)"
     " or (test_windows and 400 and strict)"
     " or (test_frames and get_next and not num_steps)"
     " or (test_memmap and get_next and 32)"

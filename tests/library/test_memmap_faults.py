@@ -37,6 +37,8 @@ BIG = {{"id": tf.TensorSpec([], tf.int64), "pad": tf.TensorSpec([255], tf.float3
 def items(ids):
     ids = np.asarray(ids, np.int64)
     return {{"id": ids, "pad": np.repeat(ids[:, None], 255, axis=1).astype(np.float32)}}
+def say(*words):  # one write: a kill leaves no half line (print writes each piece apart when unbuffered)
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
 """
 
 
@@ -83,14 +85,14 @@ FIRST = """
 import tfreplay._src.backends.memmap as memmap
 attach = memmap.MemmapFiles.attach
 def paused(self, *args, **kwargs):
-    print("made", flush=True)
+    say("made")
     sys.stdin.readline()
     return attach(self, *args, **kwargs)
 memmap.MemmapFiles.attach = paused
 rb = tfreplay.PyUniformReplayBuffer(BIG, 64, storage_dir={path!r})
 rb.add_batch(items(np.arange(40)))
 rb.flush()
-print("flushed", flush=True)
+say("flushed")
 sys.stdin.readline()
 """
 
@@ -237,9 +239,9 @@ FULL = """
 path = {path!r}
 try:
     tfreplay.PyUniformReplayBuffer(BIG, 4096, storage_dir=os.path.join(path, "too-big"))  # 4 MB on 1 MB
-    print("made too big")
+    say("made too big")
 except OSError as err:
-    print("refused", err, flush=True)
+    say("refused", err)
 rb = tfreplay.PyUniformReplayBuffer(BIG, 256, storage_dir=os.path.join(path, "replay"))  # 256 KB
 rb.add_batch(items(np.arange(200)))
 rb.flush()
@@ -252,16 +254,16 @@ with open(os.path.join(path, "filler"), "wb", buffering=0) as f:  # the disk fil
 try:
     for start in range(200, 1000, 50):  # fills the reserved rows, then overwrites flushed ones
         rb.add_batch(items(np.arange(start, start + 50)))
-    print("added", flush=True)
+    say("added")
 except OSError as err:
-    print("add refused", err, flush=True)
+    say("add refused", err)
 try:
     rb.flush()
-    print("flushed", flush=True)
+    say("flushed")
 except OSError as err:
-    print("flush refused", err, flush=True)
+    say("flush refused", err)
 os.remove(os.path.join(path, "filler"))
-print("exit", flush=True)
+say("exit")
 """
 
 
@@ -300,14 +302,14 @@ import json
 cls = getattr(tfreplay, {cls!r})
 checkpoints = {checkpoints!r}
 rng = np.random.default_rng({seed})
-print("opening", flush=True)
+say("opening")
 try:
     rb = cls(BIG, {capacity}, storage_dir={path!r})
 except ValueError as err:
-    print("refused", "must not be open in another buffer" in str(err), flush=True)
+    say("refused", "must not be open in another buffer" in str(err))
     sys.exit(0)
 ids = np.asarray(rb.gather_all()["id"]).reshape(-1).tolist()
-print("opened", json.dumps(ids), flush=True)
+say("opened", json.dumps(ids))
 checkpoint = tf.train.Checkpoint(buffer=rb)
 step = {first_id}
 while True:
@@ -317,24 +319,24 @@ while True:
         rb.add_batch(items(np.arange(step, step + count)))
         ids, step = (ids + list(range(step, step + count)))[-{capacity}:], step + count
     elif op == "flush":
-        print("pending", json.dumps(ids), flush=True)
+        say("pending", json.dumps(ids))
         rb.flush()
-        print("done", flush=True)
+        say("done")
     else:
         prefix = str(rng.choice(sorted(checkpoints)))
-        print("pending", json.dumps(checkpoints[prefix]), flush=True)
+        say("pending", json.dumps(checkpoints[prefix]))
         checkpoint.read(prefix).assert_consumed()
         ids = list(checkpoints[prefix])
-        print("done", flush=True)
+        say("done")
 """
 OPENER = """
 for line in sys.stdin:
     cls, path = line.split()
     try:
         getattr(tfreplay, cls)(BIG, {capacity}, storage_dir=path).close()
-        print("opened", flush=True)
+        say("opened")
     except ValueError as err:
-        print("refused", "must not be open in another buffer" in str(err), flush=True)
+        say("refused", "must not be open in another buffer" in str(err))
 """
 
 
