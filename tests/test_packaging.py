@@ -154,7 +154,7 @@ needs_wheel_lane = pytest.mark.skipif(
 
 def clean_environment(home: pathlib.Path, path: str, **changes: str) -> dict:
     """The environment without tfreplay's settings, PYTHONPATH or a compiler choice; its own HOME and caches.
-    pip's settings (index, cache) stay, so the venv installs from the same index a user's would."""
+    pip's own settings (index, cache) stay, so the venv installs from the same index a user's would."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFREPLAY_", "VIRTUAL_ENV"))}
     for name in ("PYTHONPATH", "CXX", "TF_USE_LEGACY_KERAS", "XDG_CACHE_HOME"):
         env.pop(name, None)
@@ -220,7 +220,7 @@ def user(tmp_path_factory):
     done = user.run([*installer, "-q", f"{wheel}[rl]", tensorflow], 900, **cache)
     assert done.returncode == 0, done.stderr[-3000:]
     installed = user.seconds
-    listed = user.run([str(user.venv / "bin/python"), "-m", "pip", "list", "--format=json"]).stdout
+    listed = user.run([python, "-m", "pip", "list", "--format=json"]).stdout
     packages = {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(listed)}
     user.packages = packages
     user.note(
