@@ -18,10 +18,10 @@ from benchmarks import charts, common, gpu, interleave, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CALLS = 300
-# A few cases of every benchmark file, each at least once with its fixtures (built at TFREPLAY_BENCH_TINY sizes).
+# A few cases of every benchmark file, each at least once with its fixtures (built at TFREPLAY_BENCH_TINY sizes);
+# the learner's file runs in the interleaved test below.
 SELECTED = (
     "(test_buffers and cartpole and (numpy or Py or in-graph or AUTOTUNE))"
-    " or (test_learner and dqn and not prioritized and (floor or K4) and not xla)"
     " or (test_prioritized and numpy and uniform)"
     " or (test_windows and 400 and strict)"
     " or (test_frames and get_next and not num_steps)"
@@ -342,11 +342,10 @@ def test_the_benchmark_files_run_on_tiny_sizes_and_the_report_reads_their_json(t
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     benchmarks = json.loads(out.read_text())["benchmarks"]
     files = {b["fullname"].split("::")[0].split("/")[-1] for b in benchmarks}
-    assert {"test_buffers.py", "test_learner.py", "test_prioritized.py", "test_windows.py"} <= files
-    assert {"test_frames.py", "test_memmap.py"} <= files
+    assert {"test_buffers.py", "test_prioritized.py", "test_windows.py", "test_frames.py", "test_memmap.py"} <= files
     assert all(b["group"] and b["extra_info"]["case"] for b in benchmarks)
     text = report.render(json.loads(out.read_text()))
-    assert "**cartpole get_next**" in text and "**learner dqn**" in text
+    assert "**cartpole get_next**" in text and "**memmap" in text
 
 
 @pytest.mark.slow  # about 40 s: a subprocess importing TensorFlow, building two learners and the memmap buffers
