@@ -207,7 +207,9 @@ def test_two_processes_building_one_kernel_compile_it_once(tmp_path):
 @pytest.fixture(scope="module")
 def built_package(tmp_path_factory):
     """A source tree with its C libraries compiled in place by setup.py (as `pip install -e .` does), and the TF ops
-    for this TensorFlow (setup.py builds them where the building Python imports TensorFlow, as here)."""
+    for this TensorFlow (setup.py builds them where the building Python imports TensorFlow, as here). The tests below
+    check that a stale one is skipped and the others still load; that a wheel's load with no compiler and no build step
+    is `make test-wheel`'s (tests/test_packaging.py)."""
     if GXX is None:
         pytest.skip("no C++ compiler here")
     tree = copy_package(tmp_path_factory.mktemp("built"))
@@ -218,18 +220,6 @@ def built_package(tmp_path_factory):
     )
     assert done.returncode == 0, done.stderr
     return tree
-
-
-@pytest.mark.slow  # a fresh process imports TensorFlow
-def test_the_packaged_libraries_are_used_where_no_compiler_is(tmp_path, built_package):
-    env = environment(tmp_path, built_package, TFREPLAY_BUILD_OPS="1", **no_compiler(tmp_path))
-    got, lines = python(sample(windows=True), env, tmp_path)
-    assert got["package"] == str(built_package / "tfreplay/__init__.py")
-    assert got["shape"] == [8, 2] and got["compiled"] is True and got["windows"] is True and lines == []
-    for library in ("sum_tree", "windows"):
-        origin, path, _ = got["status"][library]
-        assert origin == "package" and pathlib.Path(path).parent == built_package / "tfreplay/native"
-    assert not (tmp_path / "cache").exists()  # nothing was built
 
 
 @pytest.mark.slow  # a fresh process imports TensorFlow
@@ -254,19 +244,6 @@ items, info = rb.get_next(8)
 rb.update_priorities(info.ids, [2.0] * 8)
 print(json.dumps({row.name: [row.origin, row.path, row.reason] for row in native.status()}))
 """
-
-
-@pytest.mark.slow  # a fresh process imports TensorFlow
-def test_the_tf_ops_built_into_the_package_load_for_their_tensorflow_with_no_build_step(tmp_path, built_package):
-    ops = sorted(p.name for p in (built_package / "tfreplay/native/ops").iterdir())
-    assert [op.split("-tf")[0] for op in ops] == ["frame_stack", "sum_tree_ops"], ops
-    assert all(f"-tf{tf.__version__}-" in op for op in ops), ops
-    env = environment(tmp_path, built_package, **no_compiler(tmp_path))
-    status, lines = python(TF_SAMPLE, env, tmp_path)
-    for op in ("sum_tree_ops", "frame_stack"):
-        origin, path, _ = status[op]
-        assert origin == "package" and pathlib.Path(path).parent == built_package / "tfreplay/native/ops", status
-    assert lines == [] and not (tmp_path / "cache").exists()  # no warning, nothing built
 
 
 @pytest.mark.slow  # fresh processes import TensorFlow

@@ -28,7 +28,9 @@ from tfreplay.rl.training import (
     train_dqn,
 )
 
-pytestmark = pytest.mark.keras  # run under tf-keras and again under Keras 3 (see the Makefile)
+# The tests marked `keras` run under tf-keras and again under Keras 3 (see the Makefile): each way training touches
+# Keras (the train steps, weights kept and restored, seeds, the fused and concurrent loops, the demo) once. The
+# schedules, flags, n-step targets and the other training runs go through the same Keras code and run once.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
     num_env_steps=480,
@@ -49,6 +51,7 @@ def stored(buffer):
     return tf.nest.map_structure(np.asarray, buffer.gather_all())
 
 
+@pytest.mark.keras
 @pytest.mark.slow
 def test_resume_restores_the_buffer_the_counters_and_the_history(tmp_path):
     first = train_dqn(DqnConfig(**SMALL, output_dir=str(tmp_path)))
@@ -81,6 +84,7 @@ def transitions(spec, num_envs, step):
     return batch._replace(observation=observation, next_observation=observation + np.float32([0, 1]))
 
 
+@pytest.mark.keras
 @pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, PyUniformReplayBuffer])
 def test_the_learner_draws_single_transitions_the_newest_of_every_env_included(buffer_cls):
     # 2 envs x 6 steps into 4 rows each: steps 2..5 are live. A window of 2 could never start at step 5.
@@ -97,6 +101,7 @@ def test_the_learner_draws_single_transitions_the_newest_of_every_env_included(b
     assert drawn == {(env, step) for env in range(2) for step in range(2, 6)}
 
 
+@pytest.mark.keras
 def test_resume_without_a_checkpoint_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"train_dqn: output_dir \(.*\) must hold a checkpoint to resume from"):
         train_dqn(DqnConfig(**SMALL, output_dir=str(tmp_path), resume=True))
@@ -119,6 +124,7 @@ def test_linear_epsilon(env_steps, epsilon):
     assert linear_epsilon(config, env_steps) == pytest.approx(epsilon)
 
 
+@pytest.mark.keras
 @pytest.mark.slow
 def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
     sys.path.insert(0, str(ROOT))
@@ -142,6 +148,7 @@ def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
     assert list((tmp_path / "checkpoints").glob("ckpt-300.index"))
 
 
+@pytest.mark.keras
 @pytest.mark.slow
 def test_evaluations_keep_the_best_weights_and_can_stop_early(capsys):
     config = DqnConfig(
@@ -183,6 +190,7 @@ def run_fingerprint(seed):
     }
 
 
+@pytest.mark.keras
 @pytest.mark.slow
 def test_the_same_seed_gives_the_same_run_and_another_seed_another():
     first, again, other = run_fingerprint(0), run_fingerprint(0), run_fingerprint(1)
@@ -252,6 +260,7 @@ def random_transitions(spec, num_envs, rng):
     )
 
 
+@pytest.mark.keras
 def test_one_tf_function_samples_trains_and_gives_the_sampled_items_their_td_errors_as_priorities():
     spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
     rb = TFPrioritizedReplayBuffer(spec, batch_size=2, max_length=8, alpha=0.6, seed=0)
@@ -280,6 +289,7 @@ def test_one_tf_function_samples_trains_and_gives_the_sampled_items_their_td_err
     assert step.experimental_get_tracing_count() == 1 and int(agent.train_step_counter) == 2
 
 
+@pytest.mark.keras
 def test_the_prioritized_step_weighs_the_loss_by_the_importance_weights():
     spec = transition_spec(gym.spaces.Box(-10, 10, (2,)), gym.spaces.Discrete(2))
     rb = TFPrioritizedReplayBuffer(spec, batch_size=2, max_length=8, seed=1)
@@ -498,6 +508,7 @@ def test_the_agents_train_loop_runs_the_steps_of_separate_get_next_and_train_cal
     np.testing.assert_array_equal(fused_ids, ids)  # the same draws next: the same priorities given
 
 
+@pytest.mark.keras
 @pytest.mark.slow
 @pytest.mark.parametrize("prioritized", [False, True], ids=["uniform", "prioritized"])
 def test_a_short_run_with_four_train_steps_per_call_trains(prioritized):
@@ -510,6 +521,7 @@ def test_a_short_run_with_four_train_steps_per_call_trains(prioritized):
         assert np.ptp(info.probabilities.numpy()) > 0
 
 
+@pytest.mark.keras
 @pytest.mark.parametrize(
     "prioritized", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["uniform", "prioritized"]
 )
