@@ -29,8 +29,8 @@ from tfreplay.rl.training import (
 )
 
 # The tests marked `keras` run under tf-keras and again under Keras 3 (see the Makefile): each way training touches
-# Keras (the train steps, weights kept and restored, seeds, the fused and concurrent loops, the demo) once. The
-# schedules, flags, n-step targets and the other training runs go through the same Keras code and run once.
+# Keras (the train steps, weights kept and restored, seeds, the fused and concurrent loops, the demo) once. The other
+# training runs go through the same Keras code, and the schedules, flags and learner's draws use none: they run once.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMALL = dict(
     num_env_steps=480,
@@ -84,7 +84,6 @@ def transitions(spec, num_envs, step):
     return batch._replace(observation=observation, next_observation=observation + np.float32([0, 1]))
 
 
-@pytest.mark.keras
 @pytest.mark.parametrize("buffer_cls", [TFUniformReplayBuffer, PyUniformReplayBuffer])
 def test_the_learner_draws_single_transitions_the_newest_of_every_env_included(buffer_cls):
     # 2 envs x 6 steps into 4 rows each: steps 2..5 are live. A window of 2 could never start at step 5.
