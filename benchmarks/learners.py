@@ -1,7 +1,7 @@
 """The learners the learner benchmarks feed: an update, its full replay buffer, and the same transitions in NumPy.
 
-* dqn: Double DQN (`tfreplay.rl.agents.DqnAgent`, Huber loss, Adam) on the
-  demo's 256x256 ReLU Q-network, CartPole shapes (observation f32[4], 2
+* dqn: Double DQN (`tfreplay.rl.agents.DqnAgent`, Huber loss, Adam) on a
+  256x256 ReLU Q-network (the demo's is 64x64), CartPole shapes (observation f32[4], 2
   actions), batch 128, `TFUniformReplayBuffer`;
 * dqn-prioritized: the same from a `TFPrioritizedReplayBuffer` (alpha 0.6),
   importance weights of beta 0.4 in the step, priorities `|TD error| + 1e-6`;

@@ -140,7 +140,7 @@ print(
 # %% [markdown]
 # ## The agent and the dataset
 #
-# `DqnAgent` wraps a Keras Q-network (here a 256-256 MLP), its target network, the Huber loss and Adam, with the
+# `DqnAgent` wraps a Keras Q-network (here a 64-64 MLP), its target network, the Huber loss and Adam, with the
 # hyper-parameters that `train_dqn` uses. `agent.train(experience)` takes the `(items, BufferInfo)` elements of
 # `as_dataset(sample_batch_size)`: batches of single transitions, since each one keeps its `next_observation`
 # (TF-Agents' `num_steps=2` windows work too, at twice the reads). For collection, the driver switches to an

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -380,3 +381,14 @@ def test_the_gpu_script_runs_without_a_gpu_with_its_flag(gpu_script):
     rows = [line for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 1 + 7  # the header, then every case on both sides
     assert any("TrainLoop" in row and "XLA" in row for row in rows)
+
+
+@pytest.mark.slow  # about 25 s: two subprocesses importing TensorFlow, each a short demo run
+def test_the_demo_modes_script_times_both_modes_on_the_same_env_steps():
+    pytest.importorskip("gymnasium")
+    done = _run(["-m", "benchmarks.demo_modes", "1", "1100"], ROOT)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "1 interleaved rounds of 1,100 env steps" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| sequential |", "| concurrent |"))]
+    assert [row.split(" | ")[0] for row in rows] == ["| sequential", "| concurrent"]
+    assert rows[0].endswith("| 1.00x |") and re.search(r"\| \d\.\d\dx \(\d\.\d\d-\d\.\d\d\)( parity)? \|$", rows[1])

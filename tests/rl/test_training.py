@@ -133,7 +133,7 @@ def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
         from examples import demo
     finally:
         sys.path.remove(str(ROOT))
-    flags.FLAGS(["demo", "--steps=300", "--buffer_size=400", f"--output_dir={tmp_path}", "--noprogress"])
+    flags.FLAGS(["demo", "--steps=320", "--buffer_size=400", f"--output_dir={tmp_path}", "--noprogress"])
     try:
         demo.main([])
     finally:
@@ -144,7 +144,7 @@ def test_the_demo_prints_a_summary_and_writes_its_outputs(tmp_path, capsys):
     assert re.search(r"^Time: collect \d+\.\d s, learn \d+\.\d s, evaluate \d+\.\d s \(of \d+\.\d s\)$", out, re.M)
     assert (tmp_path / "learning_curve.png").stat().st_size > 0
     assert f"\nLearning curve: {tmp_path / 'learning_curve.png'}\n" in out  # where to open it
-    assert list((tmp_path / "checkpoints").glob("ckpt-300.index"))
+    assert list((tmp_path / "checkpoints").glob("ckpt-320.index"))
 
 
 @pytest.mark.keras
@@ -336,7 +336,7 @@ def test_the_demo_flags_choose_the_replay():
         config = demo.config_from_flags()
     finally:
         flags.FLAGS.unparse_flags()
-    assert (config.prioritized, config.n_step, config.stop_at_return) == (False, 1, 475.0)
+    assert (config.prioritized, config.n_step, config.stop_at_return) == (False, 3, 475.0)  # 3-step returns
     assert config.train_steps_per_call == 16  # the demo learns through the fused loop
     assert not config.concurrent
     flags.FLAGS(["demo", "--concurrent", "--pull_every=50"])

@@ -1,22 +1,23 @@
 """Train a Double-DQN agent on CartPole-v1 from a tfreplay buffer.
 
     tfreplay-demo                                # or: python -m tfreplay.rl.demo
-    tfreplay-demo --steps=2000                   # a short run (under a minute)
+    tfreplay-demo --steps=2000                   # a short run (seconds)
     tfreplay-demo --steps=80000 --resume         # continue the saved run
-    tfreplay-demo --prioritized --n_step=3       # prioritized replay, 3-step returns
+    tfreplay-demo --prioritized                  # prioritized replay
+    tfreplay-demo --n_step=1                     # learn from single transitions
     tfreplay-demo --train_steps_per_call=1       # one train step per call, from as_dataset
     tfreplay-demo --concurrent                   # collect and learn at once, on two threads
     tensorboard --logdir runs/demo/tensorboard
 
-A vectorised collect driver feeds a `TFUniformReplayBuffer` through its
-`add_batch` observer; the learner runs 16 train steps per graph call
-(`tfreplay.TrainLoop`), each on 128 single transitions drawn inside that
-graph, each with its `next_observation`; `--train_steps_per_call=1` reads
-them from `as_dataset(sample_batch_size=128)` one step per call instead.
+A collect driver over 16 vector environments feeds a `TFUniformReplayBuffer`
+through its `add_batch` observer; the learner runs 16 train steps per graph
+call (`tfreplay.TrainLoop`), each on 64 three-step returns (`NStepReturns`)
+drawn inside that graph; `--train_steps_per_call=1` reads them from
+`as_dataset(sample_batch_size=64)` one step per call instead.
 Writes checkpoints (agent + buffer), `history.json`, TensorBoard summaries and
 `learning_curve.png` under `--output_dir`. `--prioritized` replays from a
 `TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
-train step); `--n_step=N` learns from N-step returns.
+train step); `--n_step=N` learns from N-step returns (1: single transitions).
 `--concurrent` collects on one thread and learns on another
 (`tfreplay.rl.actor_learner`), a `SampleToInsertRatio` keeping the same
 updates per env step within one learner call's; such a run is not
@@ -60,7 +61,7 @@ flags.DEFINE_boolean("resume", False, "Continue from the latest checkpoint in --
 flags.DEFINE_boolean("early_stop", True, "Stop once a periodic evaluation reaches the env's reward threshold.")
 flags.DEFINE_boolean("progress", True, "Show progress (a tqdm bar; plain lines where tqdm is not installed).")
 flags.DEFINE_boolean("prioritized", False, "Prioritized replay (alpha 0.6, beta 0.4 annealed to 1).")
-flags.DEFINE_integer("n_step", 1, "Learn from n-step returns (1: single transitions).", lower_bound=1)
+flags.DEFINE_integer("n_step", 3, "Learn from n-step returns (1: single transitions).", lower_bound=1)
 flags.DEFINE_integer(
     "train_steps_per_call", 16, "Train steps per graph call, sampled inside it (1: one per call, from as_dataset).",
     lower_bound=1,
