@@ -20,6 +20,7 @@ import sys
 BUDGET = {"total": 40.0, "test": 12.0}
 
 _LANE = re.compile(r"^::lane (\S+)(?: done in (\d+) s)?\s*$")
+_REPORT_HEAD = "| lane | wall"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)s (call|setup|teardown)\s+(\S.*?)\s*$")
 
 
@@ -30,6 +31,8 @@ def parse(lines):
     lane = "-"
     for line in lines:
         line = line.rstrip("\n")
+        if line.startswith(_REPORT_HEAD):  # `.ci/run` ends its log with this report: the log's own lines are read
+            break
         match = _LANE.match(line)
         if match:
             lane = match.group(1)
@@ -48,7 +51,7 @@ def minutes(seconds: float) -> str:
 
 def report(seconds: dict, durations: list, most: int) -> str:
     total = sum(seconds.values())
-    rows = ["| lane | wall (m:ss) | share | budget |", "|---|---:|---:|---|"]
+    rows = [_REPORT_HEAD + " (m:ss) | share | budget |", "|---|---:|---:|---|"]
     for lane, secs in seconds.items():
         limit = BUDGET.get(lane)
         verdict = "" if limit is None else ("ok" if secs <= limit * 60 else f"OVER {limit:.0f} min")

@@ -37,6 +37,13 @@ def test_the_log_gives_each_lanes_time_and_every_duration_with_its_lane():
     ]
 
 
+def test_a_log_that_ends_with_its_own_report_is_read_as_before_it():
+    first = lanes.parse(LOG.splitlines())
+    report = lanes.report(*first, most=2)
+    assert report.startswith("| lane | wall")
+    assert lanes.parse((LOG + report + "\n").splitlines()) == first
+
+
 def test_the_report_flags_what_is_over_budget_and_lists_the_slowest_first():
     report = lanes.report(*lanes.parse(LOG.splitlines()), most=2)
     assert "| test | 13:00 | 31% | OVER 12 min |" in report
