@@ -1,7 +1,7 @@
 """The demo's loop, sequential against concurrent: `python -m benchmarks.demo_modes [ROUNDS] [ENV_STEPS]`.
 
-Each round runs the demo's training (`train_dqn` with the demo's settings:
-3-step returns, 16 train steps per call) for a fixed number of env steps
+Each round runs the demo's training (`train_dqn` with the config the demo's
+flags give by default) for a fixed number of env steps
 (default 20,000; no periodic evaluation, no early stop), once sequentially and
 once with `concurrent=True`, each in a fresh process so that neither inherits
 the other's graphs or threads; the order alternates from round to round. The
@@ -14,7 +14,6 @@ the ratio is the modes' speed alone, not how many env steps a run needed.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,19 +25,12 @@ MODES = ("sequential", "concurrent")
 
 def one_run(mode: str, env_steps: int) -> dict:
     """The demo's training for `env_steps` in this process; its loop seconds and time split."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    from tfreplay.rl import demo  # sets TensorFlow's log level and TF_USE_LEGACY_KERAS as the demo does
     from tfreplay.rl.training import train_dqn
 
-    result = train_dqn(
-        num_env_steps=env_steps,
-        n_step=3,
-        train_steps_per_call=16,
-        concurrent=mode == "concurrent",
-        eval_interval=0,
-        num_eval_episodes=4,
-        progress=False,
-    )
+    demo.FLAGS(["demo", f"--steps={env_steps}", "--noearly_stop", f"--concurrent={mode == 'concurrent'}"])
+    config = demo.config_from_flags()  # the demo's settings, whatever its flags' defaults are
+    result = train_dqn(config, eval_interval=0, num_eval_episodes=4, progress=False, output_dir=None)
     loop = result.num_env_steps / result.env_steps_per_sec
     return {"loop": loop, "env_steps": result.num_env_steps, "train_steps": result.num_train_steps, **result.seconds}
 
