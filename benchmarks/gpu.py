@@ -86,7 +86,8 @@ def cases(device: str) -> Dict[str, tuple]:
         step = lambda items, info: learner.update(items, info)[0]  # noqa: E731
         k = 64 if learners.ITEMS == 50_000 else 2
         out["DQN: get_next in the step's tf.function"] = (get_next_step, 1)
-        out[f"DQN: TrainLoop K={k}"] = (tfreplay.TrainLoop(learner.buffer, step, k, learner.batch), k)
+        plain = tfreplay.TrainLoop(learner.buffer, step, k, learner.batch, jit_compile=False)
+        out[f"DQN: TrainLoop K={k}"] = (plain, k)
         xla = tfreplay.TrainLoop(learner.buffer, step, k, learner.batch, jit_compile=True)
         out[f"DQN: TrainLoop K={k} + XLA"] = (xla, k)
     return out

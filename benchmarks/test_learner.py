@@ -5,7 +5,8 @@ uniform and from a prioritized buffer, and the DDPG example's update, each from
 a full 50,000-item buffer. Cases, per train step (the same update in each):
 
 * floor: the update fed one fixed batch (constants), 64 updates in one
-  serialized graph loop: the update alone, no buffer, no call per step;
+  serialized graph loop: the update alone, no buffer, no call per step; and
+  the same loop compiled with XLA (floor + XLA);
 * numpy + convert_to_tensor: the common Keras pattern, indices drawn with
   NumPy, every field `tf.convert_to_tensor`-ed, then the update's `tf.function`
   (uniform learners);
@@ -14,7 +15,8 @@ a full 50,000-item buffer. Cases, per train step (the same update in each):
 * get_next in tf.function: one `tf.function` per step that samples, updates
   (and gives priorities);
 * TrainLoop K: `tfreplay.TrainLoop(buffer, step, K, batch)`, one call per K
-  steps, K = 1, 4, 16, 64, and with `jit_compile=True` (K = 16, 64).
+  steps, K = 1, 4, 16, 64 with `jit_compile=False`, and with XLA (K = 16, 64;
+  what `jit_compile=None`, the default, picks for a uniform buffer).
 
 The prioritized learner's cases are also set beside the uniform learner's same
 case (interleaved runs: `make bench-learner`).
@@ -24,7 +26,8 @@ TF 2.15 lane) trains one TF-Agents `DqnAgent` (256x256 `QNetwork`, CartPole
 shapes, batch 128) from 50,000 items: TF-Agents' own loop,
 `as_dataset(num_parallel_calls=3, sample_batch_size=128, num_steps=2).prefetch(3)`
 and `agent.train`, beside tfreplay's `as_dataset` with the same arguments and
-`TrainLoop` on the same agent.
+`TrainLoop` on the same agent (K = 1 and 16 without XLA, 16 and 64 with it),
+and the floors of the same update without and with XLA.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ def test_floor_fixed_batch(benchmark, learner):
     fixed = tf.nest.map_structure(tf.identity, learner.buffer.get_next(learner.batch))  # sampled once
     loop = GraphLoop(lambda: learner.update(*fixed)[0], calls=FLOOR_STEPS)
     _time(benchmark, learner, "floor: fixed batch, in-graph", loop, FLOOR_STEPS, role="baseline")
+
+
+def test_floor_fixed_batch_xla(benchmark, learner):
+    """The floor compiled with XLA: what XLA makes of the update alone, beside the compiled `TrainLoop`."""
+    fixed = tf.nest.map_structure(tf.identity, learner.buffer.get_next(learner.batch))
+    loop = GraphLoop(lambda: learner.update(*fixed)[0], calls=FLOOR_STEPS, jit_compile=True)
+    _time(benchmark, learner, "floor + XLA: fixed batch, in-graph", loop, FLOOR_STEPS)
 
 
 def test_numpy_convert_to_tensor(benchmark, learner):
@@ -172,11 +182,13 @@ def _dataset_train(agent: Any, rb: Any) -> Callable[[], Any]:
     return lambda: train(next(iterator)[0]).loss
 
 
-def test_tf_agents_floor_fixed_batch(benchmark, tfa):
+@pytest.mark.parametrize("xla", [False, True], ids=["plain", "xla"])
+def test_tf_agents_floor_fixed_batch(benchmark, tfa, xla):
     agent, _, ours = tfa
     fixed, _ = tf.nest.map_structure(tf.identity, ours.get_next(TFA_BATCH, num_steps=TFA_STEPS))
-    loop = GraphLoop(lambda: agent.train(fixed).loss, calls=FLOOR_STEPS)
-    _tfa_time(benchmark, "floor: fixed batch, in-graph", loop, FLOOR_STEPS, role="baseline")
+    loop = GraphLoop(lambda: agent.train(fixed).loss, calls=FLOOR_STEPS, jit_compile=xla)
+    case = f"floor{' + XLA' if xla else ''}: fixed batch, in-graph"
+    _tfa_time(benchmark, case, loop, FLOOR_STEPS, **({} if xla else {"role": "baseline"}))
 
 
 TFA_LOOP = "TF-Agents: as_dataset(npc=3).prefetch(3) + agent.train"
@@ -193,8 +205,13 @@ def test_tf_agents_tfreplay_dataset(benchmark, tfa):
     _tfa_time(benchmark, case, _dataset_train(agent, ours), 1, versus=TFA_LOOP)
 
 
-@pytest.mark.parametrize("k", [1, 16, 64] if learners.ITEMS == 50_000 else [4])
-def test_tf_agents_tfreplay_train_loop(benchmark, tfa, k):
+TFA_TRAIN_LOOPS = [(1, False), (16, False), (16, True), (64, True)] if learners.ITEMS == 50_000 else [(4, True)]
+
+
+@pytest.mark.parametrize("k, xla", TFA_TRAIN_LOOPS, ids=[f"K{k}{'-xla' if x else ''}" for k, x in TFA_TRAIN_LOOPS])
+def test_tf_agents_tfreplay_train_loop(benchmark, tfa, k, xla):
     agent, _, ours = tfa
-    loop = TrainLoop(ours, lambda items, info: agent.train(items).loss, k, TFA_BATCH, num_steps=TFA_STEPS)
-    _tfa_time(benchmark, f"tfreplay: TrainLoop K={k} + agent.train", loop, k, versus=TFA_LOOP)
+    step = lambda items, info: agent.train(items).loss  # noqa: E731
+    loop = TrainLoop(ours, step, k, TFA_BATCH, num_steps=TFA_STEPS, jit_compile=xla)
+    case = f"tfreplay: TrainLoop K={k}{' + XLA' if xla else ''} + agent.train"
+    _tfa_time(benchmark, case, loop, k, versus=TFA_LOOP)

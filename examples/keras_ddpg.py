@@ -179,7 +179,7 @@ def train(
     noise: float = 0.2,
     log_interval: int = 2_000,
     eval_episodes: int = 10,
-    jit_compile: bool = False,
+    jit_compile: bool | None = None,
     concurrent: bool = False,
     pull_every: int = 100,
 ) -> dict:
@@ -283,7 +283,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     add("--noise", type=float, default=0.2, help="standard deviation of the exploration noise")
     add("--log-interval", "--log_interval", type=int, default=2_000, help="env steps between progress lines")
     add("--eval-episodes", "--eval_episodes", type=int, default=10, help="greedy episodes per evaluation")
-    add("--jit-compile", "--jit_compile", action="store_true", help="compile the train loop with XLA")
+    xla = "compile the train loop with XLA (default: as TrainLoop's jit_compile=None, XLA for this uniform buffer)"
+    add("--jit-compile", "--jit_compile", dest="jit_compile", action="store_const", const=True, default=None, help=xla)
+    add("--no-jit-compile", "--no_jit_compile", dest="jit_compile", action="store_const", const=False, help="no XLA")
     add("--concurrent", action="store_true", help="collect and learn at once, on two threads (not reproducible)")
     add("--pull-every", "--pull_every", type=int, default=100, help="--concurrent: env steps between weight pulls")
     args = parser.parse_args(argv)

@@ -4,9 +4,10 @@ The loop's contract is the unfused loop's: for the same buffer seed, K fused
 steps draw the same samples and give the same results as K separate
 `get_next` + step (+ `update_priorities`) calls, over every TF buffer kind,
 with windows and transforms, eagerly, inside `tf.function` and (where the
-draws agree) under XLA. Steps here record what they saw (ids, probabilities,
-a checksum of every leaf) and fold it into a variable, so a sample is
-checked by value and the state carried from step to step too.
+draws agree) under XLA, which a uniform buffer of rows gets by default.
+Steps here record what they saw (ids, probabilities, a checksum of every
+leaf) and fold it into a variable, so a sample is checked by value and the
+state carried from step to step too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import pytest
 import tensorflow as tf
 from helpers import KINDS, SPEC, make_items, quick, run_threads, shared_buffer
 
-import tfreplay
 from tfreplay import (
     BufferClosedError,
     MinSize,
@@ -125,7 +125,8 @@ def test_fused_steps_draw_and_compute_what_separate_get_next_and_step_calls_do(c
     reference, after = unfused(ref, ref_step, 2 * K, **sample), ref.get_next(64)[1].ids.numpy()
     rb = shared(kind)
     step, total = recording_step(rb)
-    assert_same_run(fused_calls(TrainLoop(rb, step, K, BATCH, metrics="stack", **sample)), reference)
+    plain = TrainLoop(rb, step, K, BATCH, metrics="stack", jit_compile=False, **sample)
+    assert_same_run(fused_calls(plain), reference)
     assert total.numpy() == pytest.approx(ref_total.numpy(), rel=1e-12)
     np.testing.assert_array_equal(rb.get_next(64)[1].ids, after)  # priority updates reached the buffer alike
     if case in XLA_AS_EAGER:
@@ -235,7 +236,7 @@ step_of_ids = lambda items, info: info.ids  # noqa: E731
         ({"steps_per_call": 0}, ValueError, r"TrainLoop: steps_per_call \(0\) must be a positive integer"),
         ({"steps_per_call": True}, ValueError, r"TrainLoop: steps_per_call \(True\) must be a positive integer"),
         ({"metrics": "sum"}, ValueError, r"TrainLoop: metrics \('sum'\) must be 'last', 'mean' or 'stack'"),
-        ({"jit_compile": 1}, TypeError, r"TrainLoop: jit_compile \(1\) must be a bool"),
+        ({"jit_compile": 1}, TypeError, r"TrainLoop: jit_compile \(1\) must be True, False or None"),
         ({"step": 3}, TypeError, r"TrainLoop: step \(3\) must be callable"),
         ({"sample_batch_size": 0}, ValueError, r"TrainLoop: sample_batch_size \(0\) must be a positive integer"),
         ({"num_steps": 13}, ValueError, r"TrainLoop: num_steps \(13\) must be at most max_length \(12\)"),
@@ -256,10 +257,19 @@ def test_a_numpy_buffer_is_refused_pointing_to_its_tf_twin():
         TrainLoop([], step_of_ids, 2, 4)
 
 
-def test_an_empty_buffer_is_refused_when_called():
-    loop = TrainLoop(KINDS["tf-uniform"].make(B, L), step_of_ids, 2, 4)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="get_next: the buffer is empty"):
+@pytest.mark.parametrize("jit_compile", [False, None], ids=["plain", "xla"])
+def test_an_empty_buffer_is_refused_before_any_step_runs(jit_compile):
+    """The plain loop's draw refuses it; XLA cannot, so the compiled loop is refused by a check under the buffer's
+    lock before it runs."""
+    rb = KINDS["tf-uniform"].make(B, L)
+    steps = tf.Variable(0)
+    loop = TrainLoop(rb, lambda items, info: {"steps": steps.assign_add(1)}, 2, 4, jit_compile=jit_compile)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the buffer is empty; add items before sampling"):
         loop()
+    assert int(steps.numpy()) == 0
+    rb.add_batch(make_items([0, 1]))  # the refused call let the lock go
+    loop()
+    assert int(steps.numpy()) == 2
 
 
 # --- XLA -----------------------------------------------------------------------------------------
@@ -287,10 +297,44 @@ def test_under_xla_a_prioritized_loop_equals_the_unfused_loop_under_xla_and_warn
     assert_same_run(fused, reference)
 
 
-def test_under_xla_an_empty_sample_raises_after_the_call():
-    loop = TrainLoop(KINDS["tf-uniform"].make(B, L), step_of_ids, 2, 4, jit_compile=True)
-    with pytest.raises(tfreplay.EmptyBufferError, match="under jit_compile XLA cannot refuse it"):
-        loop()
+@pytest.mark.parametrize(
+    "kind_name, asked, compiled",
+    [("tf-uniform", None, True), ("tf-prioritized", None, False), ("tf-frame", None, False)]
+    + [("tf-uniform", False, False), ("tf-prioritized", True, True)],
+)
+def test_xla_by_default_where_the_draws_run_the_same_ops(kind_name, asked, compiled):
+    """`jit_compile=None` compiles a uniform buffer's loop; prioritized and frame buffers draw with ops of their own
+    that XLA would replace, so they run the plain loop unless asked."""
+    assert TrainLoop(filled(kind_name), step_of_ids, 2, 4, jit_compile=asked).jit_compile is compiled
+
+
+def host_step(items, info):
+    """A step with an op XLA has no kernel for."""
+    return {"ids": info.ids, "host": tf.reshape(tf.py_function(lambda: 1.0, [], tf.float32), [])}
+
+
+@pytest.mark.parametrize("in_graph", [False, True], ids=["eager", "tf.function"])
+def test_a_step_xla_cannot_compile_runs_the_plain_loop_and_warns_once(caplog, in_graph):
+    rb = filled("tf-uniform")
+    loop = TrainLoop(rb, host_step, 2, 4, metrics="stack")
+    call = tf.function(lambda: loop()) if in_graph else loop
+    with caplog.at_level(logging.WARNING, logger="tfreplay"):
+        first, _ = call(), call()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tfreplay" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "XLA cannot compile this step (no XLA kernel for EagerPyFunc)" in warnings[0]
+    assert "jit_compile=False" in warnings[0]
+    assert not loop.jit_compile
+    np.testing.assert_array_equal(first["host"], [1.0, 1.0])
+
+
+def test_a_step_xla_cannot_compile_fails_when_xla_is_asked_for():
+    rb = filled("tf-uniform")
+    mass = float(rb.sampling_mass())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="EagerPyFunc"):
+        TrainLoop(rb, host_step, 2, 4, jit_compile=True)()
+    rb.add_batch(make_items([100, 101]))  # the lock was let go
+    assert float(rb.sampling_mass()) > mass
 
 
 # --- the rate limiter --------------------------------------------------------------------------
@@ -347,13 +391,22 @@ def test_a_fused_call_waits_for_a_collector_on_another_thread():
     assert limiter.info().samples == 24
 
 
-def test_a_failed_fused_call_gives_its_samples_back():
+@pytest.mark.parametrize("jit_compile", [False, None], ids=["plain", "xla"])
+def test_a_failed_fused_call_gives_its_samples_back(jit_compile):
     limiter = MinSize(2)
     rb = limited(limiter)
     add(rb, 0)  # 2 items, one per segment: no window of 2 yet
-    loop = TrainLoop(rb, step_of_ids, 3, 4, num_steps=2)
+    loop = TrainLoop(rb, step_of_ids, 3, 4, num_steps=2, jit_compile=jit_compile)
     with pytest.raises(tf.errors.InvalidArgumentError, match="no segment holds 2 consecutive items"):
         loop()
+    assert limiter.info().samples == 0
+    add(rb, 1)
+    loop()  # all three steps ran: 12 samples kept
+    assert limiter.info().samples == 12
+    rb.clear()  # the limiter's counts start again
+    add(rb, 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no segment holds 2 consecutive items"):
+        loop()  # no step ran: none of its samples kept, though the last call finished three
     assert limiter.info().samples == 0
 
 
@@ -509,7 +562,7 @@ def test_a_keras_model_trains_in_the_fused_loop_as_in_separate_steps(prioritized
     rb, ref = regression_buffer(prioritized), regression_buffer(prioritized)
     model, step = keras_step(rb)
     ref_model, ref_step = keras_step(ref)
-    losses = TrainLoop(rb, step, 10, 32, metrics="stack")()["loss"]
+    losses = TrainLoop(rb, step, 10, 32, metrics="stack", jit_compile=False)()["loss"]
     traced = tf.function(ref_step)
     reference = []
     for _ in range(10):

@@ -177,8 +177,9 @@ def test_evaluations_keep_the_best_weights_and_can_stop_early(capsys):
         np.testing.assert_array_equal(a, b)
 
 
-def run_fingerprint(seed):
-    config = DqnConfig(**{**SMALL, "num_env_steps": 320, "initial_collect_steps": 100, "log_interval": 20}, seed=seed)
+def run_fingerprint(seed, train_steps_per_call=1):
+    sizes = {"num_env_steps": 320, "initial_collect_steps": 100, "log_interval": 20}
+    config = DqnConfig(**{**SMALL, **sizes}, seed=seed, train_steps_per_call=train_steps_per_call)
     result = train_dqn(config)
     return {
         "losses": [h["loss"] for h in result.history],
@@ -191,8 +192,10 @@ def run_fingerprint(seed):
 
 @pytest.mark.keras
 @pytest.mark.slow
-def test_the_same_seed_gives_the_same_run_and_another_seed_another():
-    first, again, other = run_fingerprint(0), run_fingerprint(0), run_fingerprint(1)
+@pytest.mark.parametrize("train_steps_per_call", [1, 4], ids=["dataset", "fused-xla"])
+def test_the_same_seed_gives_the_same_run_and_another_seed_another(train_steps_per_call):
+    """One step per call reads `as_dataset`; four per call run the agent's `TrainLoop`, compiled with XLA."""
+    first, again, other = (run_fingerprint(seed, train_steps_per_call) for seed in (0, 0, 1))
     assert len(first["losses"]) == 16 and all(loss is not None for loss in first["losses"][5:])
     assert (again["losses"], again["returns"], again["eval_returns"]) == (
         first["losses"],

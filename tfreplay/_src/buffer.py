@@ -248,12 +248,13 @@ class Buffer(ReplayBuffer):
         parts, twin, gate = self._parts, self._twin, self._gate
         if parts.zeros_when_empty:  # answers zeros: nothing to refuse
             return None
-        n = request.num_steps if request.transform is None else request.n
 
         def check() -> None:
             # With a rate limiter the elements wait for items (and a closed buffer ends the dataset).
-            if gate.idle and float(calls.mass(parts, twin, request.window, request.padded, n)) <= 0:
-                raise EmptyBufferError(sample.empty_message(parts, "as_dataset", request))
+            if gate.idle:
+                found, message = calls.drawable(parts, twin, "as_dataset", request)
+                if not bool(found):
+                    raise EmptyBufferError(message)
 
         return check
 

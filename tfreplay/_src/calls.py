@@ -193,8 +193,22 @@ def clear(parts: Parts, backend: Backend, also: Any = None) -> Any:
 
 def mass(parts: Parts, backend: Backend, window: Any, padded: bool, num_steps: int | None) -> Any:
     """What the sampler would draw from now (`sampling_mass`; 0: nothing), read under the lock."""
-    ops = backend.ops
-    return backend.exclusive(lambda: parts.sampler.mass(parts.view(window, padded, backend, ops.read), num_steps))
+    return backend.exclusive(lambda: mass_held(parts, backend, window, padded, num_steps))
+
+
+def mass_held(parts: Parts, backend: Backend, window: Any, padded: bool, num_steps: int | None) -> Any:
+    """`mass` for a caller that holds the lock already (the lock is not reentrant)."""
+    return parts.sampler.mass(parts.view(window, padded, backend, backend.ops.read), num_steps)
+
+
+def drawable(parts: Parts, backend: Backend, where: str, req: Request, held: bool = False) -> tuple[Any, str]:
+    """Whether `req` finds anything to draw now (read under the lock; `held`: the caller holds it), and the
+    message that refuses it when not. A buffer that answers zeros always draws."""
+    if parts.zeros_when_empty:
+        return tf.constant(True), ""
+    n = req.num_steps if req.transform is None else req.n
+    found = (mass_held if held else mass)(parts, backend, req.window, req.padded, n)
+    return found > 0, sample.empty_message(parts, where, req)
 
 
 def _zeros(parts: Parts, req: Request) -> tuple[Nest, BufferInfo]:

@@ -100,6 +100,11 @@ class FrontDoor:
         if gate.limiter is not None:
             gate.limiter._check_room(where, "sample", num_samples)
 
+    def drawable(self, where: str, request: Any) -> tuple[Any, str]:
+        """Whether `request` finds anything to draw now, for a graph that holds the lock (`locked_call`), and
+        the message that refuses it, naming `where`."""
+        return calls.drawable(self._buffer._parts, self._buffer._twin, where, request, held=True)
+
     def check(self, ok: Any, value: Any, message: str) -> Any:
         """`value` once `ok` holds: refused with `message` (under XLA: zeros where not ok)."""
         return self._buffer._twin.check(ok, value, message)

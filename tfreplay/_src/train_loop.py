@@ -22,15 +22,20 @@ XLA. A call that fails eagerly gives back the samples of the iterations that
 did not finish; the finished ones keep their samples counted, as they keep
 their priority updates.
 
-XLA has no mutex, so a compiled loop cannot take the buffer's lock inside
-it: the graph that calls the compiled function holds the lock around the
-call instead (after the rate limiter's wait), and writers on other threads
-wait for it, as they wait for each other.
+XLA compiles a uniform buffer's loop by default (`jit_compile=None`): the
+draws are the same, the step runs faster. XLA has no mutex and no
+assertion, so the graph that calls the compiled function holds the lock
+around the call instead (after the rate limiter's wait) and, under it,
+refuses a sample with nothing to draw before anything runs; writers on
+other threads wait for the call, as they wait for each other. A step XLA
+cannot compile, found by lowering the loop before its first run, falls back
+to the plain loop with one warning.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -96,19 +101,23 @@ class TrainLoop:
         `"mean"` (each leaf's mean over the steps; floating-point leaves) or
         `"stack"` (each leaf stacked on a new leading axis of
         `steps_per_call`).
-      jit_compile: compile the loop with XLA. Every sampler compiles; a
-        prioritized buffer's sum tree then runs as array ops instead of its
-        compiled op, which is slower (one warning says so), and draws other
-        numbers than outside XLA. The buffer's lock is held around each
-        compiled call, so writers on other threads (`add_batch`, `clear`)
-        wait for the call to end and never tear its samples (a `TrainLoop`
-        called inside a `jit_compile` function of your own cannot take it).
-        XLA cannot refuse an empty sample: a call that met one raises
-        `EmptyBufferError` after it, its steps done on zeros.
+      jit_compile: compile the loop, the step included, with XLA. `None`
+        (the default): XLA for a uniform buffer of rows, the plain loop for
+        prioritized and frame buffers, whose draws run ops of their own
+        outside XLA; a step XLA cannot compile (`tf.py_function`, string
+        ops) runs the plain loop, and one warning says so. `True`: XLA for
+        any buffer (a prioritized buffer's sum tree then runs as array ops,
+        slower, drawing other numbers than outside XLA; one warning says
+        so); a step that does not compile fails. `False`: never. Under XLA
+        the draws are the plain loop's and the results equal up to XLA's
+        rounding; the buffer's lock is held around each call, so writers on
+        other threads (`add_batch`, `clear`) wait for it to end (a
+        `TrainLoop` called inside a `jit_compile` function of your own
+        cannot take the lock).
 
     Raises:
       TypeError: a NumPy buffer (use its TF twin), a `step` that is not
-        callable, a `jit_compile` that is not a bool.
+        callable, a `jit_compile` that is not a bool or None.
       ValueError: `steps_per_call` not a positive integer, an unknown
         `metrics`, a sample `get_next` would refuse, or a rate limiter whose
         error range cannot hold a call's samples.
@@ -125,7 +134,7 @@ class TrainLoop:
         time_stacked: bool = True,
         transform: Any = None,
         metrics: str = "last",
-        jit_compile: bool = False,
+        jit_compile: bool | None = None,
     ):
         door = _front_door(buffer)
         if not callable(step):
@@ -133,12 +142,16 @@ class TrainLoop:
         specs.check_positive_int(_WHERE, "steps_per_call", steps_per_call)
         if metrics not in _METRICS:
             raise ValueError(f"{_WHERE}: metrics ({metrics!r}) must be 'last', 'mean' or 'stack'.")
-        if not isinstance(jit_compile, bool):
-            raise TypeError(f"{_WHERE}: jit_compile ({jit_compile!r}) must be a bool.")
+        if jit_compile is not None and not isinstance(jit_compile, bool):
+            raise TypeError(
+                f"{_WHERE}: jit_compile ({jit_compile!r}) must be True, False or None (XLA where it is safe)."
+            )
         self._request = door.request(_WHERE, sample_batch_size, num_steps, time_stacked, transform)
         self._buffer, self._door, self._step, self._steps = buffer, door, step, int(steps_per_call)
-        self._metrics, self._jit = metrics, jit_compile
         self._prioritized = door.capabilities.prioritized
+        self._auto = jit_compile is None  # XLA unless the step does not compile
+        own_ops = self._prioritized or door.capabilities.history_len is not None  # draws XLA would replace
+        self._metrics, self._jit = metrics, (not own_ops if jit_compile is None else jit_compile)
         self._samples = self._steps * self._request.size  # what a call asks the rate limiter for
         # Refused now rather than at the first call.
         door.check_room(f"{_WHERE} (steps_per_call * sample_batch_size per call)", self._samples)
@@ -163,6 +176,12 @@ class TrainLoop:
         """Iterations (train steps) per call."""
         return self._steps
 
+    @property
+    def jit_compile(self) -> bool:
+        """Whether calls run compiled by XLA: as `jit_compile` asked or, for `None`, chosen by the buffer (and,
+        from the first call on, by whether the step compiles)."""
+        return self._jit
+
     def __call__(self) -> Nest:
         """Runs `steps_per_call` iterations; eagerly or inside a `tf.function`.
 
@@ -170,18 +189,12 @@ class TrainLoop:
           The metrics, as `metrics` asks (`"stack"`: a leading axis of `steps_per_call`).
 
         Raises:
-          tf.errors.InvalidArgumentError: nothing to draw (naming the sample; under `jit_compile`
-            `EmptyBufferError`, one of them, after the call).
+          tf.errors.InvalidArgumentError: nothing to draw (naming the sample), before any step runs.
           BufferClosedError: the buffer is closed (in a graph: `tf.errors.OutOfRangeError`).
           RateLimitTimeoutError: the rate limiter did not admit the call's samples in time.
         """
         if self._loop is None:
-            # Called as a concrete function: tf.function's retracing warning counts the traces of one Python
-            # function, and every TrainLoop's `_run` is one (a concrete function's calls are not counted).
-            traced = tf.function(self._run, autograph=False, jit_compile=self._jit)
-            if self._jit:
-                traced = _locked(self._door, traced.get_concrete_function())
-            self._loop = FlatCall(traced.get_concrete_function())
+            self._loop = FlatCall(self._trace().get_concrete_function())
         metrics, drawn = self._door.under_gate(_WHERE, self._samples, self._loop, self._used)
         if not self._jit:
             return metrics
@@ -190,6 +203,24 @@ class TrainLoop:
                 raise EmptyBufferError(_EMPTY)
             return metrics
         return self._door.check(drawn, metrics, _EMPTY)
+
+    def _trace(self) -> Any:
+        """The loop's function: compiled under the lock, or plain. Called as a concrete function: tf.function's
+        retracing warning counts the traces of one Python function, and every TrainLoop's `_run` is one."""
+        if self._jit:
+            compiled = tf.function(self._run, autograph=False, jit_compile=True)
+            compiled.get_concrete_function()
+            why = _not_compiled(compiled) if self._auto else None
+            if why is None:
+                return _locked(self._door, self._request, self._finished, compiled.get_concrete_function())
+            _log.warning(
+                "TrainLoop: XLA cannot compile this step (%s), so the loop runs without XLA, slower. Pass "
+                "jit_compile=False to choose that and silence this warning, or keep the op XLA lacks out of the "
+                "step (see the fused-learner guide).",
+                why,
+            )
+            self._jit = False
+        return tf.function(self._run, autograph=False)
 
     def _used(self) -> int:
         """The samples a failed call drew: those of its finished iterations."""
@@ -242,10 +273,32 @@ class TrainLoop:
         return tf.nest.map_structure(lambda a: _finish(self._metrics, a, self._steps), acc), drawn
 
 
-def _locked(door: Any, compiled: Any) -> Any:
+def _locked(door: Any, request: Any, finished: tf.Variable, compiled: Any) -> Any:
     """A function that calls the compiled loop holding the buffer's lock: XLA has no mutex op, so the lock is
-    taken by the (uncompiled) graph around the call, and writers on other threads wait for it to end."""
-    return tf.function(lambda: door.locked_call(compiled), autograph=False)
+    taken by the (uncompiled) graph around the call, and writers on other threads wait for it to end. Under
+    the lock, and before the loop, it refuses a sample with nothing to draw (XLA has no assertion): a refused
+    call runs no step and changes nothing."""
+
+    def checked() -> Any:
+        found, message = door.drawable(_WHERE, request)
+        with tf.control_dependencies([finished.assign(0, read_value=False)]):  # a refused call finished none
+            found = door.check(found, found, message)
+        with tf.control_dependencies([found]):
+            return compiled()
+
+    return tf.function(lambda: door.locked_call(checked), autograph=False)
+
+
+def _not_compiled(compiled: Any) -> str | None:
+    """None when XLA compiles `compiled` (lowered to HLO, before anything runs), or the first line of why not."""
+    try:
+        with tf.init_scope():  # lowered eagerly, also when the loop is traced inside a graph
+            compiled.experimental_get_compiler_ir()(stage="hlo")
+    except Exception as error:  # noqa: BLE001  (any failure to lower means the plain loop)
+        text = str(error)
+        ops = re.search(r"Detected unsupported operations.*? on XLA_\w+: (\w+)", text)
+        return f"no XLA kernel for {ops.group(1)}" if ops else text.strip().split("\n")[0][:200]
+    return None
 
 
 @tf.autograph.experimental.do_not_convert

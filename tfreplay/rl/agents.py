@@ -258,7 +258,7 @@ class DqnAgent(tf.Module):
         beta: float | tf.Variable | Callable[[], Any] = 0.4,
         priority_eps: float = 1e-6,
         metrics: str = "last",
-        jit_compile: bool = False,
+        jit_compile: bool | None = None,
     ) -> TrainLoop:
         """`steps_per_call` train steps per call, each on a batch sampled inside the same graph.
 
