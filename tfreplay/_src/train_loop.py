@@ -159,7 +159,8 @@ class TrainLoop:
             _log.warning(
                 "TrainLoop: jit_compile=True with %s: XLA cannot run the compiled sum-tree op, so each draw and "
                 "priority update runs as XLA array ops instead, slower than the op outside XLA (see the fused-learner "
-                "guide). Leave jit_compile False for this buffer unless your step gains more from XLA.",
+                "guide). Leave jit_compile at None (the plain loop for this buffer) unless your step gains more "
+                "from XLA.",
                 type(buffer).__name__,
             )
         self._loop: Any = None  # traced at the first call
