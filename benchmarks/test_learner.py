@@ -66,17 +66,13 @@ def _time(benchmark: Any, w: learners.Learner, case: str, call: Callable[[], Any
     measure(benchmark, synced(call), group=group, case=case, ops=steps, items=w.batch, versus=versus, **kwargs)
 
 
-def test_floor_fixed_batch(benchmark, learner):
+@pytest.mark.parametrize("xla", [False, True], ids=["plain", "xla"])
+def test_floor_fixed_batch(benchmark, learner, xla):
+    """The update alone; compiled with XLA, what XLA makes of it, beside the compiled `TrainLoop`."""
     fixed = tf.nest.map_structure(tf.identity, learner.buffer.get_next(learner.batch))  # sampled once
-    loop = GraphLoop(lambda: learner.update(*fixed)[0], calls=FLOOR_STEPS)
-    _time(benchmark, learner, "floor: fixed batch, in-graph", loop, FLOOR_STEPS, role="baseline")
-
-
-def test_floor_fixed_batch_xla(benchmark, learner):
-    """The floor compiled with XLA: what XLA makes of the update alone, beside the compiled `TrainLoop`."""
-    fixed = tf.nest.map_structure(tf.identity, learner.buffer.get_next(learner.batch))
-    loop = GraphLoop(lambda: learner.update(*fixed)[0], calls=FLOOR_STEPS, jit_compile=True)
-    _time(benchmark, learner, "floor + XLA: fixed batch, in-graph", loop, FLOOR_STEPS)
+    loop = GraphLoop(lambda: learner.update(*fixed)[0], calls=FLOOR_STEPS, jit_compile=xla)
+    case = f"floor{' + XLA' if xla else ''}: fixed batch, in-graph"
+    _time(benchmark, learner, case, loop, FLOOR_STEPS, **({} if xla else {"role": "baseline"}))
 
 
 def test_numpy_convert_to_tensor(benchmark, learner):

@@ -210,10 +210,10 @@ class TrainLoop:
         retracing warning counts the traces of one Python function, and every TrainLoop's `_run` is one."""
         if self._jit:
             compiled = tf.function(self._run, autograph=False, jit_compile=True)
-            compiled.get_concrete_function()
+            traced = compiled.get_concrete_function()
             why = _not_compiled(compiled) if self._auto else None
             if why is None:
-                return _locked(self._door, self._request, self._finished, compiled.get_concrete_function())
+                return _locked(self._door, self._request, self._finished, traced)
             _log.warning(
                 "TrainLoop: XLA cannot compile this step (%s), so the loop runs without XLA, slower. Pass "
                 "jit_compile=False to choose that and silence this warning, or keep the op XLA lacks out of the "
