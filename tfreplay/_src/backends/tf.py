@@ -12,6 +12,8 @@ backend is `backends.Backend`.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import re
 import uuid
 from typing import Any, Callable, Iterator
@@ -25,6 +27,8 @@ from tfreplay._src.checkpoint import staged, state
 from tfreplay._src.checkpoint.layout import LayoutState
 from tfreplay._src.parts import Parts
 from tfreplay._src.specs import Nest
+
+_log = logging.getLogger("tfreplay")
 
 
 class EagerFunctions:
@@ -117,6 +121,32 @@ def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
     return out
 
 
+@functools.cache
+def _writable_on(device_type: str, dtype: tf.DType) -> bool | None:
+    """Whether this TensorFlow has a `device_type` kernel that writes rows of `dtype` (`ResourceScatterUpdate`
+    with int64 rows, the buffer's write; a GPU's covers the float types and int64, not int32, bool or 8-bit
+    ints); None where it has no `device_type` kernels at all (a CPU-only build: TF places all on the CPU)."""
+    from tensorflow.python.framework import kernels  # the kernel registry; no public API lists it
+
+    found = None
+    for kernel in kernels.get_registered_kernels_for_op("ResourceScatterUpdate").kernel:
+        if kernel.device_type != device_type:
+            continue
+        allowed = {c.name: set(c.allowed_values.list.type) for c in kernel.constraint}
+        rows = allowed.get("Tindices", {tf.int64.as_datatype_enum})
+        found = found or (dtype.as_datatype_enum in allowed.get("dtype", ()) and tf.int64.as_datatype_enum in rows)
+    return found
+
+
+def host_only(device: str, dtype: tf.DType) -> bool:
+    """Whether a variable of `dtype` meant for `device` must live in host memory: `device` is an accelerator
+    present here, with no kernel that writes rows of `dtype` (the CPU writes every dtype)."""
+    device_type = (tf.DeviceSpec.from_string(device).device_type or "CPU").upper()
+    if device_type == "CPU" or not tf.config.list_physical_devices(device_type):
+        return False  # no such device here: TensorFlow places the variable on the CPU itself
+    return _writable_on(device_type, tf.as_dtype(dtype)) is False
+
+
 def resolve_seed(seed: Any) -> Any:
     """`seed`, or TF's global seed with an op seed (so buffers made under one global seed draw apart)."""
     if seed is not None:
@@ -155,6 +185,7 @@ class TFTwin(BackendBase):
         self.eager = EagerFunctions()
         self.counters: tf_versioned.Counters | None = None  # made by `bind` (see `tf_versioned.py`)
         self.staging = staged.Staging(check=lambda values: None)  # the buffer's check, once its parts exist
+        self.on_host: list[str] = []  # variables kept in host memory: no kernel on `device` writes their rows
 
     def module_name(self, name: str | None) -> str:
         """A `tf.Module` name (an identifier) from the scope, which may be any string."""
@@ -162,9 +193,13 @@ class TFTwin(BackendBase):
         return name if name[:1].isalpha() or name[:1] == "_" else f"buffer_{name}"
 
     def make(self, name: str, shape: list, dtype: tf.DType) -> tf.Variable:
-        """A zero-filled variable, part of the checkpoint."""
-        with self.placement():
+        """A zero-filled variable, part of the checkpoint: on the buffer's device, or in host memory where
+        that device has no kernel to write rows of `dtype` (see `host_only`)."""
+        host = host_only(self.device, dtype)
+        with self.placement(), tf.device("CPU:0") if host else contextlib.nullcontext():  # None would clear it
             variable = staged.make(self.staging, tf.zeros(shape, dtype), variable_name(name))
+        if host:
+            self.on_host.append(f"{name} ({dtype.name})")
         self.state[name] = variable
         return variable
 
@@ -172,6 +207,14 @@ class TFTwin(BackendBase):
         """Makes the write counters (not saved: only their changes matter); returns what a `tf.train.Checkpoint`
         saves, under the names format 1 gave them: the variables (the ring's and the index's also by their own
         names), the generator and the layout record."""
+        if self.on_host:
+            _log.warning(
+                "%s on %s: TensorFlow has no %s kernel to write rows of %s, so %s kept in host memory (CPU:0) "
+                "and copied at each add and sample, slower. Fields under storage/ are your spec's: float16, "
+                "bfloat16, float32, float64 and int64 stay on the device.",
+                owner, self.device, tf.DeviceSpec.from_string(self.device).device_type,
+                ", ".join(self.on_host), "it is" if len(self.on_host) == 1 else "they are",
+            )  # fmt: skip
         with self.placement():
             self.counters = tf_versioned.Counters(parts.num_segments, parts.max_length)
         trackables: dict = {"_state": dict(self.state), "_rng": self.rng, "_num_adds": parts.num_adds}
