@@ -18,7 +18,7 @@ def make(num_env_steps=None, pull_every=1_000, collect_error=None, learn_error=N
     `(run, limiter, buffer, log)` where `log` records what each side saw."""
     limiter = tfreplay.SampleToInsertRatio(SPI, min_size_to_sample=16, error_buffer=32.0)
     rb = tfreplay.PyUniformReplayBuffer(SPEC, batch_size=ENVS, max_length=1_000, rate_limiter=limiter, seed=0)
-    log = {"errors": [], "pulls": [], "collected": 0}
+    log = {"errors": [], "pulls": [], "collected": 0, "calls_at_pull": []}
 
     def collect():
         if collect_error is not None and log["collected"] >= collect_error:
@@ -36,7 +36,13 @@ def make(num_env_steps=None, pull_every=1_000, collect_error=None, learn_error=N
         return info.samples
 
     actors = [
-        Actor(collect, ENVS, set_weights=lambda w: log["pulls"].append((log["collected"], w)))
+        Actor(
+            collect,
+            ENVS,
+            set_weights=lambda w: (
+                log["pulls"].append((log["collected"], w)) or log["calls_at_pull"].append(len(log["errors"]))
+            ),
+        )
         for _ in range(num_actors)
     ]
     weights = weights or (lambda: len(log["errors"]))  # the "weights": the learner's call count
@@ -135,16 +141,21 @@ def test_an_error_is_raised_by_close_when_nobody_waited():
         run.close()
 
 
-def test_the_actors_pull_the_newest_weights_every_pull_every_env_steps():
-    run, _, _, log = make(num_env_steps=1_200, pull_every=100)
+def test_the_actors_pull_fresh_weights_every_pull_every_env_steps_and_the_learner_reads_them_only_then():
+    reads = []
+    run, _, _, log = make(num_env_steps=1_200, pull_every=100, weights=lambda: reads.append(0) or len(log["errors"]))
     with run:
         run.wait_for(1_200, timeout=60)
     steps = [collected for collected, _ in log["pulls"]]
     versions = [version for _, version in log["pulls"]]
     assert len(steps) >= 3
-    assert all(s % 100 == 0 for s in steps)  # at a pull point: collect calls of 4 steps, pulls every 100
-    assert all(b - a >= 100 for a, b in zip(steps, steps[1:]))
+    assert all(b - a >= 100 for a, b in zip(steps, steps[1:]))  # pulls every 100 env steps at most
     assert versions == sorted(set(versions))  # only newer weights are taken
+    # Read once per ask, not after every call: the learner made many more calls than it read weights.
+    assert len(reads) <= len(steps) + 1 < run.learner_calls
+    # Fresh: between the ask and the take the limiter lets the learner make at most its whole error range
+    # (2 * 32 samples, 8 calls of BATCH) more calls, and the call in flight at the ask ends first.
+    assert all(calls - version <= 9 for (_, version), calls in zip(log["pulls"], log["calls_at_pull"]))
 
 
 def test_paused_holds_both_sides():

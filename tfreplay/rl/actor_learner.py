@@ -14,10 +14,13 @@ over; each `Actor` thread calls its `collect()` (a `StepDriver.run` whose
 observer is the buffer's `add_batch`), which returns the env steps it made.
 The buffer's rate limiter keeps the samples per inserted item at its ratio,
 within its error range: the learner waits for the collectors and the
-collectors for the learner. After each call the learner publishes
-`weights()`, and every `pull_every` env steps an actor takes the newest
-published weights (`set_weights`), so it acts with weights at most that
-many of its steps, and one learner call, old.
+collectors for the learner. Every `pull_every` env steps an actor asks for
+the learner's weights; the learner reads `weights()` after the call it is
+in, and the actor takes them (`set_weights`) before its next collect call.
+So an actor acts with weights at most `pull_every` of its steps, plus the
+steps of the collect calls during one learner call, old; and the learner
+reads its weights only as often as actors pull (a read is eager ops that
+wait for the GIL, which a collector thread holds while it steps).
 
 Each side checks the limiter's counts before a call and waits for room on
 this object's condition, not inside the buffer: so `close()` and
@@ -80,9 +83,10 @@ class ActorLearner:
       samples_per_call: samples one `learn()` draws (`steps_per_call *
         sample_batch_size` for a `TrainLoop`).
       actors: one `Actor` per collector thread.
-      weights: `weights() -> weights`, read on the learner thread after each
-        call and handed to the actors' `set_weights`; None: no pulls.
-      pull_every: env steps of an actor between its pulls.
+      weights: `weights() -> weights`, read on the learner thread after a
+        call when an actor asked, and handed to the actors' `set_weights`;
+        None: no pulls.
+      pull_every: env steps of an actor between its asks for weights.
       num_env_steps: the actors stop once this many env steps are made (all
         actors together); None: they run until `close()`.
 
@@ -117,7 +121,7 @@ class ActorLearner:
         self._actors, self._weights, self._pull_every = list(actors), weights, int(pull_every)
         self._limit = num_env_steps
         self._cond = threading.Condition()
-        self._stop = self._paused = self._learning = self._raised = False
+        self._stop = self._paused = self._learning = self._raised = self._asked = False
         self._collecting = self._reserved = self._env_steps = self._calls = self._done = 0
         self._error: BaseException | None = None
         self._published: tuple[int, Any] = (0, None)
@@ -212,7 +216,8 @@ class ActorLearner:
             self._raise()
 
     def weights(self) -> tuple[int, Any]:
-        """The learner's newest published weights and their version (the calls made; `(0, None)` before one)."""
+        """The learner's newest published weights and their version (the calls made when they were read; `(0, None)`
+        before an actor first asked)."""
         return self._published
 
     # The threads.
@@ -232,7 +237,10 @@ class ActorLearner:
         while self._enter("learn", 0):
             try:
                 result = self._learn()
-                published = (self._calls + 1, self._weights()) if self._weights is not None else self._published
+                with self._cond:  # read only when an actor asked: reading weights costs eager ops and the GIL
+                    asked, self._asked = self._asked, False
+                weights = self._weights
+                published = (self._calls + 1, weights()) if asked and weights is not None else self._published
             finally:
                 self._leave("learn", 0)
             with self._cond:
@@ -240,15 +248,17 @@ class ActorLearner:
                 self._calls += 1
 
     def _collector(self, actor: Actor) -> None:
-        since_pull, version = 0, 0
+        since_pull, asked = 0, None  # asked: the learner's calls when this actor asked for its weights
         try:
             while True:
                 if actor.set_weights is not None and since_pull >= self._pull_every:
-                    since_pull = 0
                     newest, weights = self._published
-                    if newest > version:
+                    if asked is not None and newest > asked:  # read after a call that ended after the ask
                         actor.set_weights(weights)
-                        version = newest
+                        since_pull, asked = 0, None
+                    elif asked is None:
+                        with self._cond:
+                            self._asked, asked = True, self._calls
                 if not self._enter("collect", actor.inserts_per_call):
                     return
                 steps = 0

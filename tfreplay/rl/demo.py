@@ -6,7 +6,7 @@
     tfreplay-demo --prioritized                  # prioritized replay
     tfreplay-demo --n_step=1                     # learn from single transitions
     tfreplay-demo --train_steps_per_call=1       # one train step per call, from as_dataset
-    tfreplay-demo --concurrent                   # collect and learn at once, on two threads
+    tfreplay-demo --noconcurrent                 # take turns: the same seed gives the same run
     tensorboard --logdir runs/demo/tensorboard
 
 A collect driver over 16 vector environments feeds a `TFUniformReplayBuffer`
@@ -18,13 +18,14 @@ Writes checkpoints (agent + buffer), `history.json`, TensorBoard summaries and
 `learning_curve.png` under `--output_dir`. `--prioritized` replays from a
 `TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
 train step); `--n_step=N` learns from N-step returns (1: single transitions).
-`--concurrent` collects on one thread and learns on another
-(`tfreplay.rl.actor_learner`), a `SampleToInsertRatio` keeping the same
-updates per env step within one learner call's; such a run is not
-reproducible (see the collect-and-train guide).
+By default it collects on one thread and learns on another
+(`--concurrent`, `tfreplay.rl.actor_learner`), a `SampleToInsertRatio`
+keeping the same updates per env step within one learner call's: faster on
+two cores, but not reproducible (see the collect-and-train guide).
+`--noconcurrent` takes turns instead, and the same seed gives the same run.
 The last lines give the greedy evaluation (20 episodes at once, in a vector
-env) and where the time went: collect, learn and evaluate seconds (and with
-`--concurrent`, overlap: both at once).
+env) and where the time went: collect, learn and evaluate seconds (and when
+concurrent, overlap: both at once).
 
 Needs the `rl` extra (`pip install ".[rl]"` in a checkout, or `"<wheel>[rl]"`), which brings
 matplotlib for the learning curve; the progress bar (tqdm) and the summaries (tensorboard) come with
@@ -67,8 +68,9 @@ flags.DEFINE_integer(
     lower_bound=1,
 )  # fmt: skip
 flags.DEFINE_boolean(
-    "concurrent", False,
-    "Collect and learn at once, on two threads kept at the same ratio by a rate limiter (not reproducible).",
+    "concurrent", True,
+    "Collect and learn at once, on two threads kept at the same ratio by a rate limiter (not reproducible; "
+    "--noconcurrent takes turns, and the same seed gives the same run).",
 )  # fmt: skip
 flags.DEFINE_integer(
     "pull_every", _DEFAULTS.pull_every, "With --concurrent: env steps between the collector's weight pulls.",

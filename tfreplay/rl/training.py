@@ -199,14 +199,21 @@ class _Due:
 
 def _rate_limiter(config: DqnConfig) -> SampleToInsertRatio | None:
     """The concurrent run's limiter: `train_steps_per_env_step` train steps of `batch_size` samples per stored
-    transition once `initial_collect_steps` are stored (when the sequential loop starts learning), within one
-    learner call plus one collect call's share each way. None for the sequential loop."""
+    transition once `initial_collect_steps` are stored (when the sequential loop starts learning; or the buffer
+    is full, if smaller), within one learner call plus one collect call's share each way. None for the
+    sequential loop."""
     c = config
     if not c.concurrent:
         return None
     samples_per_insert = c.train_steps_per_env_step * c.batch_size
     error = c.train_steps_per_call * c.batch_size + samples_per_insert * c.num_envs
-    return SampleToInsertRatio(samples_per_insert, max(c.initial_collect_steps, 1), error)
+    capacity = _max_length(c) * c.num_envs  # a buffer smaller than the random steps fills up first
+    return SampleToInsertRatio(samples_per_insert, min(max(c.initial_collect_steps, 1), capacity), error)
+
+
+def _max_length(config: DqnConfig) -> int:
+    """Each segment's length: the buffer size over the environments, long enough for one n-step window."""
+    return max(config.buffer_size // config.num_envs, config.n_step + 1)
 
 
 class _Run:
@@ -231,7 +238,7 @@ class _Run:
             target_update_tau=c.target_update_tau,
             gradient_clipping=c.gradient_clipping,
         )
-        max_length = max(c.buffer_size // c.num_envs, c.n_step + 1)
+        max_length = _max_length(c)
         self.buffer: ReplayBuffer
         beta = beta_schedule(c)
         self.limiter = limiter = _rate_limiter(c)
