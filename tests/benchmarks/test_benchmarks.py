@@ -392,3 +392,14 @@ def test_the_demo_modes_script_times_both_modes_on_the_same_env_steps():
     rows = [line for line in done.stdout.splitlines() if line.startswith(("| sequential |", "| concurrent |"))]
     assert [row.split(" | ")[0] for row in rows] == ["| sequential", "| concurrent"]
     assert rows[0].endswith("| 1.00x |") and re.search(r"\| \d\.\d\dx \(\d\.\d\d-\d\.\d\d\)( parity)? \|$", rows[1])
+
+
+@pytest.mark.slow  # about 25 s: two subprocesses importing TensorFlow, each building the demo's run
+def test_the_cores_script_times_the_learner_and_collector_under_both_thread_settings():
+    pytest.importorskip("gymnasium")
+    done = _run(["-m", "benchmarks.cores", "1", "2"], ROOT)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| default |", "| 1 thread |"))]
+    assert len(rows) == 2 and all(len(row.split(" | ")) == 6 for row in rows)
+    bounds = re.findall(r"\| (\d+\.\d\d)x \|$", done.stdout, re.M)
+    assert len(bounds) == 3 and bounds[0] == "1.00" and all(0 < float(b) <= 1.0 for b in bounds[1:])
