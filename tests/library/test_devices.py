@@ -43,7 +43,7 @@ def _round_trip(rb) -> None:
     tf.function(rb.add_batch)(_items(2, 2))
     items, _ = rb.get_next(sample_batch_size=16)
     action = items["action"].numpy()
-    expected = {key: value for key, value in _items(0, 4).items()}
+    expected = _items(0, 4)
     for key, value in items.items():
         np.testing.assert_array_equal(value.numpy(), expected[key][action], err_msg=key)
 

@@ -124,8 +124,8 @@ def locked_call(lock: tf.CriticalSection, call: Callable[[], Any]) -> Any:
 @functools.cache
 def _writable_on(device_type: str, dtype: tf.DType) -> bool | None:
     """Whether this TensorFlow has a `device_type` kernel that writes rows of `dtype` (`ResourceScatterUpdate`
-    with int64 rows, the buffer's write; a GPU's covers the float types and int64, not int32, bool or 8-bit
-    ints); None where it has no `device_type` kernels at all (a CPU-only build: TF places all on the CPU)."""
+    with int64 rows, the buffer's write; on TF 2.21 a GPU's cover the float types and every int but int32, and
+    bool only with int32 rows); None where it has no `device_type` kernels at all."""
     from tensorflow.python.framework import kernels  # the kernel registry; no public API lists it
 
     found = None
