@@ -6,12 +6,15 @@
 Each case runs twice, once with everything on the CPU and once with the buffer
 built with `device="GPU:0"` and the network's variables and the call placed on
 the GPU: add_batch and get_next of the CartPole and Atari workloads
-(`benchmarks.common`), 200 calls in one serialized graph loop, per call; the
+(`benchmarks.common`), 200 calls in one serialized graph loop, per call, and
+TensorFlow's floor for the add (its `scatter_update` of the same rows); the
 DQN learner (`benchmarks.learners`: 256x256 Q-network, batch 128, a 50,000-item
 uniform buffer) with `get_next` in the step's `tf.function`, and fused by
-`tfreplay.TrainLoop` at K=64, with and without XLA. A figure is the median over
-`--blocks` blocks of about `--seconds` each, the result read back after every
-call (so the device's queue is included); "GPU / CPU" is the ratio of the two.
+`tfreplay.TrainLoop` at K=64, without XLA and at its default (XLA, unless
+the buffer keeps fields in host memory, which XLA on the device cannot
+read). A figure is the median over `--blocks` blocks of about `--seconds`
+each, the result read back after every call (so the device's queue is
+included); "GPU / CPU" is the ratio of the two.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ def per_call(call: Callable[[], Any], ops: int, seconds: float, blocks: int) -> 
     return statistics.median(times)
 
 
+USED_XLA: Dict[str, bool] = {}  # device -> whether the default TrainLoop compiled with XLA
+
+
 def cases(device: str) -> Dict[str, tuple]:
     """`case -> (call, operations per call)`, everything built on `device`."""
     import numpy as np
@@ -76,6 +82,8 @@ def cases(device: str) -> Dict[str, tuple]:
                 GraphLoop(lambda rb=rb, b=b, t=t: rb.get_next(b, num_steps=t)[0]),
             )
             out[f"{w.name} add_batch({w.batch_size} rows), in-graph"] = (add, add.ops)
+            floor = GraphLoop(scatter_floor(w.spec, w.max_length * w.batch_size, batch))
+            out[f"{w.name} TF floor: scatter_update of those rows"] = (floor, floor.ops)
             out[f"{w.name} get_next({b}, num_steps={t}), in-graph"] = (sample, sample.ops)
         learner = learners.dqn(device=device)
 
@@ -88,9 +96,30 @@ def cases(device: str) -> Dict[str, tuple]:
         out["DQN: get_next in the step's tf.function"] = (get_next_step, 1)
         plain = tfreplay.TrainLoop(learner.buffer, step, k, learner.batch, jit_compile=False)
         out[f"DQN: TrainLoop K={k}"] = (plain, k)
-        xla = tfreplay.TrainLoop(learner.buffer, step, k, learner.batch, jit_compile=True)
-        out[f"DQN: TrainLoop K={k} + XLA"] = (xla, k)
+        # The default: XLA, unless the buffer keeps fields in host memory (a GPU's int32 and bool rows), which
+        # XLA on the device cannot read; `TrainLoop.jit_compile` says which ran.
+        auto = tfreplay.TrainLoop(learner.buffer, step, k, learner.batch)
+        out[f"DQN: TrainLoop K={k}, default jit_compile"] = (auto, k)
+        USED_XLA[device] = auto.jit_compile
     return out
+
+
+def scatter_floor(spec: Any, capacity: int, batch: Any) -> Callable[[], Any]:
+    """TensorFlow's own write of `batch`'s rows: one `scatter_update` per field into a plain variable of
+    `capacity` rows, at the next rows each call (what `add_batch` does, without its index and checks)."""
+    import tensorflow as tf
+
+    store = [tf.Variable(tf.zeros([capacity, *s.shape], s.dtype)) for s in tf.nest.flatten(spec)]
+    rows = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+    at = tf.Variable(tf.constant(0, tf.int64))
+
+    def write() -> Any:
+        ids = (at + tf.range(rows)) % capacity
+        ops = [v.scatter_update(tf.IndexedSlices(x, ids)) for v, x in zip(store, tf.nest.flatten(batch))]
+        with tf.control_dependencies(ops):
+            return at.assign_add(rows)
+
+    return write
 
 
 def timed(device: str, seconds: float, blocks: int) -> Dict[str, float]:
@@ -132,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> List[str]:
         f"{os.cpu_count()} CPUs ({platform.machine()}), GPU: {name}",
         "",
         table(cpu, gpu, gpu_label),
+        "",
+        f"The default TrainLoop compiled with XLA: CPU {USED_XLA['CPU:0']}, {gpu_label} {USED_XLA[gpu_device]}.",
     ]
     print("\n".join(lines))
     return lines

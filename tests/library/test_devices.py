@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfreplay
 from tfreplay import TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 
 SPEC = {
@@ -71,3 +72,32 @@ def test_on_a_gpu_fields_it_cannot_write_stay_in_host_memory_with_one_warning(ki
     assert "GPU" in devices["observation"] and "GPU" in devices["action"]
     assert "CPU" in devices["step_type"] and "CPU" in devices["terminated"]
     _round_trip(rb)
+
+
+def _step(items, info):
+    return tf.reduce_sum(items["observation"])
+
+
+def test_a_gpu_buffer_on_a_machine_without_one_keeps_train_loop_on_xla(caplog):
+    if GPUS:
+        pytest.skip("this machine has a GPU")
+    rb = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=8, device="GPU:0", seed=0)
+    rb.add_batch(_items(0, 2))
+    with caplog.at_level(logging.WARNING, logger="tfreplay"):
+        loop = tfreplay.TrainLoop(rb, _step, steps_per_call=2, sample_batch_size=4)
+    assert loop.jit_compile and not caplog.records
+    assert np.isfinite(loop().numpy())
+
+
+@pytest.mark.skipif(not GPUS, reason="needs a GPU TensorFlow sees")
+def test_on_a_gpu_train_loop_runs_without_xla_where_fields_live_in_host_memory(caplog):
+    rb = TFUniformReplayBuffer(SPEC, batch_size=2, max_length=8, device="GPU:0", seed=0)
+    rb.add_batch(_items(0, 2))
+    with pytest.raises(ValueError, match=r"jit_compile=True.*storage/step_type \(int32\).*jit_compile=None or False"):
+        tfreplay.TrainLoop(rb, _step, steps_per_call=2, sample_batch_size=4, jit_compile=True)
+    with caplog.at_level(logging.WARNING, logger="tfreplay"):
+        loop = tfreplay.TrainLoop(rb, _step, steps_per_call=2, sample_batch_size=4)
+    assert not loop.jit_compile
+    assert [r.getMessage() for r in caplog.records if "runs without XLA" in r.getMessage()]
+    assert np.isfinite(loop().numpy())
+    assert rb.num_frames().numpy() == 2

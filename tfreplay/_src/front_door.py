@@ -34,6 +34,8 @@ class Capabilities:
       lockstep: each `add_batch` holds one item per segment; False: one ring that takes any number of rows.
       episode_rule: which fields mark episode boundaries, or None (no episode index).
       device: where a TF buffer's variables live (None for NumPy).
+      host_fields: the variables a TF buffer keeps in host memory because `device` has no kernel that writes
+        their rows, as `"name (dtype)"`; XLA cannot compile a function on `device` that reads them.
     """
 
     backend: str
@@ -42,6 +44,7 @@ class Capabilities:
     lockstep: bool
     episode_rule: EpisodeRule | None
     device: str | None
+    host_fields: tuple = ()
 
     @property
     def appends_per_segment(self) -> bool:
@@ -67,6 +70,7 @@ class FrontDoor:
             lockstep=bool(twin.lockstep),
             episode_rule=parts.rule,
             device=twin.device if twin.is_tf else None,
+            host_fields=tuple(getattr(twin, "on_host", ())),
         )
 
     @property

@@ -151,7 +151,22 @@ class TrainLoop:
         self._prioritized = door.capabilities.prioritized
         self._auto = jit_compile is None  # XLA unless the step does not compile
         own_ops = self._prioritized or door.capabilities.history_len is not None  # draws XLA would replace
-        self._metrics, self._jit = metrics, (not own_ops if jit_compile is None else jit_compile)
+        host = door.capabilities.host_fields  # XLA on an accelerator cannot read variables in host memory
+        if jit_compile and host:
+            raise ValueError(
+                f"{_WHERE}: jit_compile=True, but {type(buffer).__name__} on {door.capabilities.device} keeps "
+                f"{', '.join(host)} in host memory (no kernel there writes their rows), and XLA cannot read host "
+                "variables from the device. Pass jit_compile=None or False (the loop without XLA), or keep the "
+                "buffer on the CPU."
+            )
+        if jit_compile is None and host and not own_ops:
+            _log.warning(
+                "TrainLoop: %s on %s keeps %s in host memory, which XLA cannot read from the device, so the loop "
+                "runs without XLA, slower. Pass jit_compile=False to choose that and silence this warning.",
+                type(buffer).__name__, door.capabilities.device, ", ".join(host),
+            )  # fmt: skip
+        auto = not (own_ops or host)
+        self._metrics, self._jit = metrics, (auto if jit_compile is None else jit_compile)
         self._samples = self._steps * self._request.size  # what a call asks the rate limiter for
         # Refused now rather than at the first call.
         door.check_room(f"{_WHERE} (steps_per_call * sample_batch_size per call)", self._samples)
