@@ -474,10 +474,11 @@ XLA_CALLS = 60  # compiled calls beside the collector; on a buffer that let them
 
 
 @pytest.mark.parametrize("kind_name", ["tf-uniform", "tf-prioritized"])
-def test_a_compiled_loop_and_a_collector_thread_never_overlap(kind_name):
-    """XLA has no mutex: the buffer's lock is held around each compiled call, so a collector adding on another
-    thread (into a ring small enough to wrap at every call) never tears a sample or changes rows under it.
-    Every leaf of a row encodes its write index, so a torn row, or one whose id names another write, shows."""
+def test_a_compiled_loop_beside_a_collector_thread_never_reads_a_torn_row(kind_name):
+    """XLA has no mutex: the buffer's lock is held around each compiled call's draws (a prioritized loop's
+    whole call), so a collector adding on another thread (into a ring small enough to wrap at every call) never
+    tears a sample or changes rows under it. Every leaf of a row encodes its write index, so a torn row, or one
+    whose id names another write, shows."""
     kind = KINDS[kind_name]
     rb = kind.make(2, 8, seed=0)
     fill_to = [0]
@@ -520,6 +521,44 @@ def test_a_compiled_loop_and_a_collector_thread_never_overlap(kind_name):
     assert fill_to[0] > 8 + XLA_CALLS // 4  # the collector ran beside the calls
     torn = [i for i, out in enumerate(calls) if not whole(out)]
     assert not torn, f"{len(torn)} of {len(calls)} compiled calls held torn or misnamed rows"
+
+
+def test_a_collector_adds_while_a_compiled_uniform_loop_runs_its_steps():
+    """A uniform loop draws every iteration's sample first, under the lock, and runs its compiled steps after
+    it: a collector thread's adds go on during the steps instead of waiting for the call to end."""
+    rb = TFUniformReplayBuffer({"x": tf.TensorSpec([64], tf.float32)}, batch_size=1, max_length=32, seed=0)
+    row = {"x": np.ones([1, 64], np.float32)}
+    for _ in range(8):
+        rb.add_batch(row)
+    weights = tf.Variable(tf.eye(64) * 0.5)
+
+    def step(items, info):  # long enough that many adds fit in one call
+        x = items["x"]
+        for _ in range(400):
+            x = tf.tanh(x @ weights)
+        return tf.reduce_sum(x)
+
+    loop = TrainLoop(rb, step, 8, 64, jit_compile=True)
+    loop()  # compiled
+    adds, running, stop = [0], threading.Event(), threading.Event()
+    during = []
+
+    def collector():
+        while not stop.is_set():
+            rb.add_batch(row)
+            adds[0] += 1
+
+    def learner():
+        try:
+            for _ in range(3):
+                before = adds[0]
+                loop()
+                during.append(adds[0] - before)
+        finally:
+            stop.set()
+
+    run_threads([collector, learner], timeout=120)
+    assert max(during) >= 5, f"adds during each compiled call: {during}"
 
 
 # --- Keras models ----------------------------------------------------------------------------
@@ -580,10 +619,14 @@ def test_a_keras_model_trains_in_the_fused_loop_as_in_separate_steps(prioritized
 
 
 @pytest.mark.keras
-def test_a_keras_model_trains_in_the_fused_loop_under_xla():
+@pytest.mark.parametrize("jit_compile", [True, None], ids=["asked", "default"])
+def test_a_keras_model_trains_in_the_fused_loop_under_xla(jit_compile, caplog):
     rb, ref = regression_buffer(False), regression_buffer(False)
     model, step = keras_step(rb)
     _, ref_step = keras_step(ref)
-    losses = TrainLoop(rb, step, 10, 32, metrics="stack", jit_compile=True)()["loss"]
+    loop = TrainLoop(rb, step, 10, 32, metrics="stack", jit_compile=jit_compile)
+    with caplog.at_level(logging.WARNING, logger="tfreplay"):
+        losses = loop()["loss"]
+    assert loop.jit_compile and not caplog.records  # a Keras step compiles: the default keeps XLA
     reference = [float(ref_step(*ref.get_next(32))["loss"]) for _ in range(10)]
     np.testing.assert_allclose(losses, reference, rtol=1e-4)

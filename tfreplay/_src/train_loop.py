@@ -24,12 +24,14 @@ their priority updates.
 
 XLA compiles a uniform buffer's loop by default (`jit_compile=None`): the
 draws are the same, the step runs faster. XLA has no mutex and no
-assertion, so the graph that calls the compiled function holds the lock
-around the call instead (after the rate limiter's wait) and, under it,
-refuses a sample with nothing to draw before anything runs; writers on
-other threads wait for the call, as they wait for each other. A step XLA
-cannot compile, found by lowering the loop before its first run, falls back
-to the plain loop with one warning.
+assertion, so the uncompiled graph around it holds the lock (after the rate
+limiter's wait) and, under it, refuses a sample with nothing to draw before
+anything runs. A uniform loop draws every iteration's sample there first,
+in the serial loop's order, and runs the compiled steps on them after the
+lock is released, so writers on other threads wait for the draws only; a
+prioritized loop's draws wait for each update, so it holds the lock for the
+whole call. A step XLA cannot compile, found by lowering the loop before
+its first run, falls back to the plain loop with one warning.
 """
 
 from __future__ import annotations
@@ -110,8 +112,9 @@ class TrainLoop:
         slower, drawing other numbers than outside XLA; one warning says
         so); a step that does not compile fails. `False`: never. Under XLA
         the draws are the plain loop's and the results equal up to XLA's
-        rounding; the buffer's lock is held around each call, so writers on
-        other threads (`add_batch`, `clear`) wait for it to end (a
+        rounding; the buffer's lock is held while a call draws (a
+        prioritized buffer: the whole call), so writers on other threads
+        (`add_batch`, `clear`) wait for the draws (a
         `TrainLoop` called inside a `jit_compile` function of your own
         cannot take the lock).
 
@@ -225,10 +228,12 @@ class TrainLoop:
         retracing warning counts the traces of one Python function, and every TrainLoop's `_run` is one."""
         if self._jit:
             compiled = tf.function(self._run, autograph=False, jit_compile=True)
-            traced = compiled.get_concrete_function()
-            why = _not_compiled(compiled) if self._auto else None
-            if why is None:
+            traced = compiled.get_concrete_function()  # traced as it runs (tracing for the check alone loses
+            why = _not_compiled(compiled) if self._auto else None  # a Keras step's gradients)
+            if why is None and self._prioritized:  # each draw waits for the previous update: all under the lock
                 return _locked(self._door, self._request, self._finished, traced)
+            if why is None:  # the draws under the lock, the steps after it (`_drawn_first`)
+                return self._drawn_first()
             _log.warning(
                 "TrainLoop: XLA cannot compile this step (%s), so the loop runs without XLA, slower. Pass "
                 "jit_compile=False to choose that and silence this warning, or keep the op XLA lacks out of the "
@@ -237,6 +242,17 @@ class TrainLoop:
             )
             self._jit = False
         return tf.function(self._run, autograph=False)
+
+    def _drawn_first(self) -> Any:
+        """The compiled loop of a buffer whose draws do not depend on the steps: every iteration's sample is
+        drawn first, in the serial loop's order, in one compiled call holding the lock, and the compiled steps
+        run on them in a second call after it, so writers on other threads wait for the draws only."""
+        draw_all = tf.function(self._draw_all, autograph=False, jit_compile=True)
+        draws = _locked(self._door, self._request, self._finished, draw_all.get_concrete_function())
+        draws = draws.get_concrete_function()
+        drawn_specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), draws.structured_outputs)
+        steps = tf.function(self._run_on, autograph=False, jit_compile=True).get_concrete_function(drawn_specs)
+        return tf.function(lambda: steps(draws()), autograph=False)
 
     def _used(self) -> int:
         """The samples a failed call drew: those of its finished iterations."""
@@ -252,14 +268,42 @@ class TrainLoop:
         for the step's sake; the library's own parts are marked not to be converted."""
         return _after_step(self._buffer, self._prioritized, self._jit, info, self._step(items, info))
 
+    def _draw_all(self) -> tuple[Nest, BufferInfo]:
+        """Every iteration's sample, drawn one after the other as the serial loop draws them, stacked on a
+        leading axis of `steps_per_call`."""
+        draw = tf.function(self._draw, autograph=False).get_concrete_function()
+        outputs = draw.structured_outputs
+        stacks = [tf.TensorArray(t.dtype, size=self._steps, element_shape=t.shape) for t in tf.nest.flatten(outputs)]
+
+        def body(i: tf.Tensor, stacks: list) -> tuple:
+            return i + 1, [s.write(i, x) for s, x in zip(stacks, tf.nest.flatten(draw()))]
+
+        _, stacks = tf.while_loop(
+            lambda i, stacks: i < self._steps, body, (tf.constant(0), stacks), parallel_iterations=1
+        )
+        return tf.nest.pack_sequence_as(outputs, [s.stack() for s in stacks])
+
     def _run(self) -> tuple[Nest, tf.Tensor]:
+        """The loop, each iteration drawing its sample."""
+        return self._iterate(None)
+
+    def _run_on(self, samples: Any) -> tuple[Nest, tf.Tensor]:
+        """The loop on samples drawn already (`_draw_all`)."""
+        return self._iterate(samples)
+
+    def _iterate(self, samples: Any) -> tuple[Nest, tf.Tensor]:
         # The draw and the step, each one traced function called in the loop. A uniform draw does not depend on
         # the step, so iteration i draws iteration i + 1's sample beside its step (the two run at once) and
         # carries it; the draws come in the same order, so the samples are those of the serial loop. A
-        # prioritized draw waits for the previous update, so it stays inside its own iteration.
-        draw = tf.function(self._draw, autograph=False).get_concrete_function()
-        ahead = not self._prioritized
-        sample_specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), draw.structured_outputs)
+        # prioritized draw waits for the previous update, so it stays inside its own iteration. `samples`: every
+        # iteration's sample, drawn already (`_draw_all`), of which iteration i takes the i-th.
+        if samples is None:
+            draw = tf.function(self._draw, autograph=False).get_concrete_function()
+            sample_specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), draw.structured_outputs)
+        else:
+            draw = None
+            sample_specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), samples)
+        ahead = samples is None and not self._prioritized
         train = tf.function(self._train).get_concrete_function(*sample_specs)
         outputs = train.structured_outputs[0]
         paths = specs.leaf_paths(outputs)
@@ -268,7 +312,10 @@ class TrainLoop:
 
         def body(i: tf.Tensor, ready: Any, acc: Nest, drawn: tf.Tensor) -> tuple:
             with tf.control_dependencies([drawn]):  # after the previous iteration, its update included
-                items, info = ready if ahead else draw()
+                if samples is not None:
+                    items, info = tf.nest.map_structure(lambda x: tf.gather(x, i), samples)
+                else:
+                    items, info = ready if ahead else draw()
                 metrics, ok = train(items, info)
                 if ahead:  # the next iteration's sample; the last iteration draws none
                     ready = tf.cond(i + 1 < self._steps, draw, lambda: (items, info))
@@ -290,8 +337,9 @@ class TrainLoop:
 
 
 def _locked(door: Any, request: Any, finished: tf.Variable, compiled: Any) -> Any:
-    """A function that calls the compiled loop holding the buffer's lock: XLA has no mutex op, so the lock is
-    taken by the (uncompiled) graph around the call, and writers on other threads wait for it to end. Under
+    """A function that calls `compiled` (the compiled loop, or a uniform loop's draws) holding the buffer's
+    lock: XLA has no mutex op, so the lock is taken by the (uncompiled) graph around the call, and writers on
+    other threads wait for it to end. Under
     the lock, and before the loop, it refuses a sample with nothing to draw (XLA has no assertion): a refused
     call runs no step and changes nothing."""
 
