@@ -540,7 +540,7 @@ def test_a_collector_adds_while_a_compiled_uniform_loop_runs_its_steps():
 
     loop = TrainLoop(rb, step, 8, 64, jit_compile=True)
     loop()  # compiled
-    adds, running, stop = [0], threading.Event(), threading.Event()
+    adds, stop = [0], threading.Event()
     during = []
 
     def collector():
