@@ -379,8 +379,9 @@ def test_the_gpu_script_runs_without_a_gpu_with_its_flag(gpu_script):
     stdout, stderr = gpu_script.communicate(timeout=300)
     assert gpu_script.returncode == 0, stdout[-4000:] + stderr[-4000:]
     rows = [line for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
-    assert len(rows) == 1 + 7  # the header, then every case on both sides
-    assert any("TrainLoop" in row and "XLA" in row for row in rows)
+    assert len(rows) == 1 + 9  # the header, then every case on both sides
+    assert sum("TF floor" in row for row in rows) == 2  # beside each workload's add
+    assert "The default TrainLoop compiled with XLA: CPU True, CPU:0 (--cpu-only) True." in stdout
 
 
 @pytest.mark.slow  # about 25 s: two subprocesses importing TensorFlow, each a short demo run
