@@ -339,9 +339,8 @@ class TrainLoop:
 def _locked(door: Any, request: Any, finished: tf.Variable, compiled: Any) -> Any:
     """A function that calls `compiled` (the compiled loop, or a uniform loop's draws) holding the buffer's
     lock: XLA has no mutex op, so the lock is taken by the (uncompiled) graph around the call, and writers on
-    other threads wait for it to end. Under
-    the lock, and before the loop, it refuses a sample with nothing to draw (XLA has no assertion): a refused
-    call runs no step and changes nothing."""
+    other threads wait for it to end. Under the lock, and before the loop, it refuses a sample with nothing to
+    draw (XLA has no assertion): a refused call runs no step and changes nothing."""
 
     def checked() -> Any:
         found, message = door.drawable(_WHERE, request)
