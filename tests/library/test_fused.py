@@ -308,6 +308,22 @@ def test_xla_by_default_where_the_draws_run_the_same_ops(kind_name, asked, compi
     assert TrainLoop(filled(kind_name), step_of_ids, 2, 4, jit_compile=asked).jit_compile is compiled
 
 
+@pytest.mark.parametrize("kind_name", ["tf-uniform", "tf-prioritized"])
+@pytest.mark.parametrize("asked", [None, True, False], ids=["default", "xla", "plain"])
+def test_the_step_is_traced_once_whatever_the_loop_runs(kind_name, asked):
+    """Tracing a Keras step costs seconds: the loop traces the step once, and only for what it runs."""
+    traced = []
+
+    def step(items, info):
+        traced.append(1)
+        out = step_of_ids(items, info)
+        return (out, None) if kind_name == "tf-prioritized" else out
+
+    loop = TrainLoop(filled(kind_name), step, 2, 4, jit_compile=asked)
+    loop(), loop()
+    assert len(traced) == 1
+
+
 def host_step(items, info):
     """A step with an op XLA has no kernel for."""
     return {"ids": info.ids, "host": tf.reshape(tf.py_function(lambda: 1.0, [], tf.float32), [])}

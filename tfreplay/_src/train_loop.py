@@ -227,13 +227,9 @@ class TrainLoop:
         """The loop's function: compiled under the lock, or plain. Called as a concrete function: tf.function's
         retracing warning counts the traces of one Python function, and every TrainLoop's `_run` is one."""
         if self._jit:
-            compiled = tf.function(self._run, autograph=False, jit_compile=True)
-            traced = compiled.get_concrete_function()  # traced as it runs (tracing for the check alone loses
-            why = _not_compiled(compiled) if self._auto else None  # a Keras step's gradients)
-            if why is None and self._prioritized:  # each draw waits for the previous update: all under the lock
-                return _locked(self._door, self._request, self._finished, traced)
-            if why is None:  # the draws under the lock, the steps after it (`_drawn_first`)
-                return self._drawn_first()
+            loop, why = self._drawn_first() if not self._prioritized else self._compiled_whole()
+            if why is None:
+                return loop
             _log.warning(
                 "TrainLoop: XLA cannot compile this step (%s), so the loop runs without XLA, slower. Pass "
                 "jit_compile=False to choose that and silence this warning, or keep the op XLA lacks out of the "
@@ -243,16 +239,29 @@ class TrainLoop:
             self._jit = False
         return tf.function(self._run, autograph=False)
 
-    def _drawn_first(self) -> Any:
+    def _compiled_whole(self) -> tuple[Any, str | None]:
+        """The compiled loop of a prioritized buffer, each draw waiting for the previous update, all under the
+        lock; and why XLA cannot compile it (None: it can, or `jit_compile=True` asked for it)."""
+        compiled = tf.function(self._run, autograph=False, jit_compile=True)
+        traced = compiled.get_concrete_function()  # traced as it runs, then checked (tracing for the check alone
+        why = _not_compiled(compiled) if self._auto else None  # loses a Keras step's gradients)
+        return _locked(self._door, self._request, self._finished, traced), why
+
+    def _drawn_first(self) -> tuple[Any, str | None]:
         """The compiled loop of a buffer whose draws do not depend on the steps: every iteration's sample is
         drawn first, in the serial loop's order, in one compiled call holding the lock, and the compiled steps
-        run on them in a second call after it, so writers on other threads wait for the draws only."""
+        run on them in a second call after it, so writers on other threads wait for the draws only. And why XLA
+        cannot compile the two (None: it can, or `jit_compile=True` asked for it)."""
         draw_all = tf.function(self._draw_all, autograph=False, jit_compile=True)
         draws = _locked(self._door, self._request, self._finished, draw_all.get_concrete_function())
         draws = draws.get_concrete_function()
-        drawn_specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), draws.structured_outputs)
-        steps = tf.function(self._run_on, autograph=False, jit_compile=True).get_concrete_function(drawn_specs)
-        return tf.function(lambda: steps(draws()), autograph=False)
+        drawn = draws.structured_outputs
+        flat_specs = [tf.TensorSpec(t.shape, t.dtype) for t in tf.nest.flatten(drawn)]  # flat: the check's inputs
+        run_on = lambda *flat: self._run_on(tf.nest.pack_sequence_as(drawn, flat))  # noqa: E731
+        compiled = tf.function(run_on, autograph=False, jit_compile=True)
+        steps = compiled.get_concrete_function(*flat_specs)  # traced as it runs, then checked (see above)
+        why = (_not_compiled(draw_all) or _not_compiled(compiled, *flat_specs)) if self._auto else None
+        return tf.function(lambda: steps(*tf.nest.flatten(draws())), autograph=False), why
 
     def _used(self) -> int:
         """The samples a failed call drew: those of its finished iterations."""
@@ -352,11 +361,12 @@ def _locked(door: Any, request: Any, finished: tf.Variable, compiled: Any) -> An
     return tf.function(lambda: door.locked_call(checked), autograph=False)
 
 
-def _not_compiled(compiled: Any) -> str | None:
-    """None when XLA compiles `compiled` (lowered to HLO, before anything runs), or the first line of why not."""
+def _not_compiled(compiled: Any, *args: Any) -> str | None:
+    """None when XLA compiles `compiled` on inputs of specs `args` (lowered to HLO, before anything runs), or
+    the first line of why not."""
     try:
         with tf.init_scope():  # lowered eagerly, also when the loop is traced inside a graph
-            compiled.experimental_get_compiler_ir()(stage="hlo")
+            compiled.experimental_get_compiler_ir(*args)(stage="hlo")
     except Exception as error:  # noqa: BLE001  (any failure to lower means the plain loop)
         text = str(error)
         ops = re.search(r"Detected unsupported operations.*? on XLA_\w+: (\w+)", text)
