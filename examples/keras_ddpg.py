@@ -12,20 +12,21 @@ a vector env to a `TFUniformReplayBuffer`, and `tfreplay.TrainLoop` draws each
 batch inside the graph: one call runs `--train-steps-per-call` updates
 (critic, actor and the soft target updates), each on a fresh sample.
 
-After `--initial-steps` random actions, the actor acts with Gaussian
-exploration noise and the learner takes one update per environment step,
-`K` at a time once `K` steps' credit has accumulated. Every `--log-interval`
-env steps the greedy actor is evaluated over a vector env, one episode per
-sub-environment, and a line says where the time went: collect, learn,
-evaluate.
+After `--initial-steps` random actions, the collector acts with its own copy
+of the actor plus Gaussian exploration noise; the copy takes the learner's
+weights every `--pull-every` env steps (those of the pull before). The
+learner takes one update per environment step, `K` at a time once `K` steps'
+credit has accumulated. Every `--log-interval` env steps the greedy actor is
+evaluated over a vector env, one episode per sub-environment, and a line says
+where the time went: collect, learn, evaluate.
 
-`--concurrent` collects and learns at once (`tfreplay.rl.actor_learner`): a
-collector thread steps the environments with its own copy of the actor,
-pulled from the learner's every `--pull-every` env steps, while a learner
-thread runs the `TrainLoop`; the buffer's `SampleToInsertRatio` keeps one
-update per env step, within one call's updates each way. The time line then
-adds `overlap`, the seconds both sides worked at once. Thread timing decides
-which transitions each update draws, so such a run is not reproducible.
+`--concurrent` collects and learns at once (`tfreplay.rl.pipeline`): the
+collector steps the environments on a thread of its own, ahead of the
+learner, while the main thread adds its transitions to the buffer in order
+and runs the `TrainLoop`. The time line then adds `overlap`, the seconds both
+sides worked at once. Every update draws from the same buffer contents and
+the collector acts with the same weights as without `--concurrent`, so the
+same seed gives the same run in both modes.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ import tensorflow as tf  # noqa: E402
 
 import tfreplay  # noqa: E402
 from tfreplay.keras import keras_module  # noqa: E402
-from tfreplay.rl.actor_learner import Actor, ActorLearner  # noqa: E402
 from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec  # noqa: E402
 from tfreplay.rl.observers import AverageReturn  # noqa: E402
+from tfreplay.rl.pipeline import Pipeline  # noqa: E402
 from tfreplay.rl.policies import RandomPolicy  # noqa: E402
 from tfreplay.rl.training import evaluate  # noqa: E402
 
@@ -129,8 +130,8 @@ class Ddpg(tf.Module):
 class NoisyPolicy:
     """The actor's action plus Gaussian noise of standard deviation `noise`, clipped to the action bounds.
 
-    `actor`: a copy of the agent's actor to act with (a collector thread's, pulled from the learner's now and
-    then); default the agent's own.
+    `actor`: a copy of the agent's actor to act with (the collector's, pulled from the learner's now and then);
+    default the agent's own.
     """
 
     def __init__(self, agent: Ddpg, noise: float, seed: int, actor: Any = None):
@@ -189,80 +190,63 @@ def train(
     spec = transition_spec(env.single_observation_space, env.single_action_space)
     max_action = float(env.single_action_space.high[0])  # type: ignore[attr-defined]
     agent = Ddpg(spec.observation.shape[0], spec.action.shape[0], max_action)
-    limiter = None
-    if concurrent:  # one update of batch_size samples per stored transition, within one call's each way
-        error = (train_steps_per_call + num_envs) * batch_size
-        limiter = tfreplay.SampleToInsertRatio(float(batch_size), max(initial_steps, batch_size), error)
-    buffer = tfreplay.TFUniformReplayBuffer(
-        spec, batch_size=num_envs, max_length=buffer_size // num_envs, seed=seed, rate_limiter=limiter
-    )
+    buffer = tfreplay.TFUniformReplayBuffer(spec, batch_size=num_envs, max_length=buffer_size // num_envs, seed=seed)
     learn = tfreplay.TrainLoop(
         buffer, agent.train_step, train_steps_per_call, batch_size, metrics="mean", jit_compile=jit_compile
     )
     parts = ("collect", "learn", "overlap", "evaluate") if concurrent else ("collect", "learn", "evaluate")
-    returns, clock, greedy = AverageReturn(10), Clock(parts), float("nan")
-    driver = StepDriver(env, RandomPolicy(env.single_action_space, seed=seed), [buffer.add_batch, returns], num_envs)
-    with clock("collect"):
-        driver.run(max(initial_steps, batch_size))  # the first sample needs a batch in the buffer
-    driver.policy = NoisyPolicy(agent, noise, seed)
+    returns, clock = AverageReturn(10), Clock(parts)
+    acting = keras.models.clone_model(agent.actor)  # the collector's copy, pulled from the learner's
+    acting.set_weights(agent.actor.get_weights())
+    random, noisy = RandomPolicy(env.single_action_space, seed=seed), NoisyPolicy(agent, noise, seed, actor=acting)
+    driver = StepDriver(env, random, num_steps=num_envs, seed=seed)  # seeded resets: the same seed, the same run
+    first = max(initial_steps, batch_size)  # random actions until then; the first sample needs a batch stored
+    driver.policy = lambda observation: (random if driver.num_env_steps < first else noisy)(observation)
+    state: dict = {"credit": 0, "logged": first, "greedy": float("nan"), "metrics": {"critic_loss": float("nan")}}
 
-    def evaluate_greedy(episodes: int, offset: int) -> float:
-        with clock("evaluate"):
-            policy = NoisyPolicy(agent, 0.0, seed)
-            return float(np.mean(evaluate(ENV_ID, policy, episodes, seed=seed + offset)))
+    def learn_side(env_steps: int, new_steps: int) -> None:  # one update per env step once the random ones are in
+        if env_steps < first:
+            return
+        state["credit"] += new_steps
+        while state["credit"] >= train_steps_per_call:
+            state["metrics"] = {name: float(value) for name, value in learn().items()}  # read back: the call is done
+            state["credit"] -= train_steps_per_call
 
-    def report(metrics: dict) -> None:
-        print(
-            f"env steps {driver.num_env_steps:6d} | episodes {driver.num_episodes:4d} | "
-            f"return {returns.result():7.1f} | greedy {greedy:7.1f} | "
-            f"critic loss {metrics['critic_loss']:.3f} | {clock.line()}"
-        )
+    def after(env_steps: int) -> bool:  # a greedy evaluation and a line every log_interval env steps
+        if env_steps - state["logged"] >= log_interval or env_steps >= steps:
+            state["logged"] = env_steps
+            with clock("evaluate"):
+                policy = NoisyPolicy(agent, 0.0, seed)
+                state["greedy"] = float(np.mean(evaluate(ENV_ID, policy, eval_episodes, seed=seed + 1_000 + env_steps)))
+            clock.seconds.update({part: s for part, s in run.seconds.items() if part in clock.seconds})
+            print(
+                f"env steps {env_steps:6d} | episodes {driver.num_episodes:4d} | "
+                f"return {returns.result():7.1f} | greedy {state['greedy']:7.1f} | "
+                f"critic loss {state['metrics']['critic_loss']:.3f} | {clock.line()}"
+            )
+        return False
 
-    if concurrent and driver.num_env_steps < steps:
-        actor = keras.models.clone_model(agent.actor)  # the collector's copy
-        actor.set_weights(agent.actor.get_weights())
-        driver.policy = NoisyPolicy(agent, noise, seed, actor=actor)
-        offset = logged = driver.num_env_steps  # the run counts its env steps from 0
-        run = ActorLearner(
-            buffer,
-            limiter,  # type: ignore[arg-type]
-            lambda: {name: float(value) for name, value in learn().items()},  # read back: the call is done
-            train_steps_per_call * batch_size,
-            [Actor(driver.run, num_envs, actor.set_weights)],
-            weights=agent.actor.get_weights,
-            pull_every=pull_every,
-            num_env_steps=steps - offset,
-        )
-        base = dict(clock.seconds)
-        with run:
-            while driver.num_env_steps < steps:
-                run.wait_for(min(logged + log_interval, steps) - offset)
-                with run.paused():
-                    logged = driver.num_env_steps
-                    greedy = evaluate_greedy(eval_episodes, 1_000 + logged)
-                    clock.seconds.update({part: base[part] + s for part, s in run.seconds.items()})
-                    report(run.last_result or {"critic_loss": float("nan")})  # nothing learned yet: NaN
-        clock.seconds.update({part: base[part] + s for part, s in run.seconds.items()})
-
-    credit, logged = 0, driver.num_env_steps
-    while driver.num_env_steps < steps:
-        with clock("collect"):
-            credit += driver.run()
-        while credit >= train_steps_per_call:
-            with clock("learn"):
-                metrics = {name: float(value) for name, value in learn().items()}  # read back: the call is done
-            credit -= train_steps_per_call
-        if driver.num_env_steps - logged >= log_interval or driver.num_env_steps >= steps:
-            logged = driver.num_env_steps
-            greedy = evaluate_greedy(eval_episodes, 1_000 + logged)
-            report(metrics)
+    run = Pipeline(
+        driver,
+        [buffer.add_batch, returns],
+        learn_side,
+        after=after,
+        weights=agent.actor.get_weights,
+        set_weights=acting.set_weights,
+        pull_every=pull_every,
+        num_env_steps=steps,
+        concurrent=concurrent,
+    )
+    run.run()
+    clock.seconds.update({part: s for part, s in run.seconds.items() if part in clock.seconds})
+    greedy = state["greedy"]
     env.close()
     num_train_steps = int(agent.critic_optimizer.iterations)
     rate = num_train_steps / max(clock.seconds["learn"], 1e-9)
     print(f"greedy return {greedy:.1f} over {eval_episodes} episodes | {num_train_steps} train steps, {rate:.0f}/s")
     print(f"time: {clock.line()}")
     return {
-        "num_env_steps": driver.num_env_steps,
+        "num_env_steps": run.env_steps,
         "num_train_steps": num_train_steps,
         "greedy_return": greedy,
         "seconds": dict(clock.seconds),
@@ -286,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     xla = "compile the train loop with XLA (default: as TrainLoop's jit_compile=None, XLA for this uniform buffer)"
     add("--jit-compile", "--jit_compile", dest="jit_compile", action="store_const", const=True, default=None, help=xla)
     add("--no-jit-compile", "--no_jit_compile", dest="jit_compile", action="store_const", const=False, help="no XLA")
-    add("--concurrent", action="store_true", help="collect and learn at once, on two threads (not reproducible)")
-    add("--pull-every", "--pull_every", type=int, default=100, help="--concurrent: env steps between weight pulls")
+    add("--concurrent", action="store_true", help="collect and learn at once, on two threads (the same run)")
+    add("--pull-every", "--pull_every", type=int, default=100, help="env steps between the collector's weight pulls")
     args = parser.parse_args(argv)
     names = ("steps", "num_envs", "train_steps_per_call", "batch_size", "log_interval", "eval_episodes", "pull_every")
     for name in names:

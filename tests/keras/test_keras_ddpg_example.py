@@ -59,14 +59,18 @@ def test_the_example_refuses_a_non_positive_k(example, capsys):
     assert "--train-steps-per-call (0) must be a positive integer" in capsys.readouterr().err
 
 
-def test_a_concurrent_run_keeps_one_update_per_env_step_within_the_limiters_error(example, capsys):
-    argv = ["--steps=600", "--initial-steps=200", "--num-envs=2", "--train-steps-per-call=4", "--concurrent"]
-    result = example.main(argv + ["--log-interval=200", "--eval-episodes=2", "--pull-every=50"])
-    # One update per env step after the first 200, within one call (4) plus one collect call's share (2) each way.
-    assert result["num_env_steps"] == 600 and abs(result["num_train_steps"] - 400) <= 4 + 2
-    assert result["num_train_steps"] % 4 == 0 and np.isfinite(result["greedy_return"])
-    assert list(result["seconds"]) == ["collect", "learn", "overlap", "evaluate"]
+def test_a_concurrent_run_is_the_run_of_taking_turns(example, capsys):
+    argv = ["--steps=600", "--initial-steps=200", "--num-envs=2", "--train-steps-per-call=4", "--log-interval=200"]
+    argv += ["--eval-episodes=2", "--pull-every=50"]
+    turns = example.main(argv)
+    both = example.main(argv + ["--concurrent"])
+    assert both["num_env_steps"] == 600 and both["num_train_steps"] == turns["num_train_steps"] == 400
+    assert both["greedy_return"] == turns["greedy_return"]
+    for mine, theirs in zip(both["agent"].actor.get_weights(), turns["agent"].actor.get_weights()):
+        np.testing.assert_array_equal(mine, theirs)
+    assert list(both["seconds"]) == ["collect", "learn", "overlap", "evaluate"]
     out = capsys.readouterr().out.splitlines()
     progress = [line for line in out if line.startswith("env steps")]
-    assert len(progress) == 2 and progress[-1].startswith("env steps    600 |")
+    assert len(progress) == 4 and progress[-1].startswith("env steps    600 |")
+    assert progress[-1].split("| critic")[0] == progress[1].split("| critic")[0]  # the same returns, step for step
     assert ", overlap " in progress[-1] and out[-1].startswith("time: ")

@@ -49,8 +49,8 @@ class DqnConfig:
     priority_eps: float = 1e-6  # keeps every item drawable
     n_step: int = 1  # > 1: learn from n-step returns (NStepReturns)
     train_steps_per_call: int = 1  # > 1: that many train steps per graph call, sampled inside it (TrainLoop)
-    concurrent: bool = False  # collect and learn at once, on threads (tfreplay.rl.actor_learner); not reproducible
-    pull_every: int = 100  # concurrent: env steps between the collector's pulls of the learner's weights
+    concurrent: bool = False  # collect on a thread while learning (tfreplay.rl.pipeline): the same run, faster
+    pull_every: int = 100  # env steps between the collector's pulls of the learner's weights (one pull old)
 
     def __post_init__(self) -> None:
         from tfreplay._src import specs  # here, not above: the class loads without TensorFlow (the demo's flags)

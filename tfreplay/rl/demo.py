@@ -6,7 +6,7 @@
     tfreplay-demo --prioritized                  # prioritized replay
     tfreplay-demo --n_step=1                     # learn from single transitions
     tfreplay-demo --train_steps_per_call=1       # one train step per call, from as_dataset
-    tfreplay-demo --noconcurrent                 # take turns: the same seed gives the same run
+    tfreplay-demo --noconcurrent                 # take turns on one thread: slower, the same run
     tensorboard --logdir runs/demo/tensorboard
 
 A collect driver over 16 vector environments feeds a `TFUniformReplayBuffer`
@@ -18,11 +18,10 @@ Writes checkpoints (agent + buffer), `history.json`, TensorBoard summaries and
 `learning_curve.png` under `--output_dir`. `--prioritized` replays from a
 `TFPrioritizedReplayBuffer` (importance weights, priorities updated in the
 train step); `--n_step=N` learns from N-step returns (1: single transitions).
-By default it collects on one thread and learns on another
-(`--concurrent`, `tfreplay.rl.actor_learner`), a `SampleToInsertRatio`
-keeping the same updates per env step within one learner call's: faster on
-two cores, but not reproducible (see the collect-and-train guide).
-`--noconcurrent` takes turns instead, and the same seed gives the same run.
+By default it collects on one thread, ahead of the learner on another
+(`--concurrent`, `tfreplay.rl.pipeline`): faster on two cores, and the run
+of taking turns (`--noconcurrent`), step for step; the same seed gives the
+same run in both (see the collect-and-train guide).
 The last lines give the greedy evaluation (20 episodes at once, in a vector
 env) and where the time went: collect, learn and evaluate seconds (and when
 concurrent, overlap: both at once).
@@ -69,11 +68,11 @@ flags.DEFINE_integer(
 )  # fmt: skip
 flags.DEFINE_boolean(
     "concurrent", True,
-    "Collect and learn at once, on two threads kept at the same ratio by a rate limiter (not reproducible; "
-    "--noconcurrent takes turns, and the same seed gives the same run).",
+    "Collect on a thread of its own while learning (--noconcurrent takes turns on one thread); the same seed "
+    "gives the same run either way.",
 )  # fmt: skip
 flags.DEFINE_integer(
-    "pull_every", _DEFAULTS.pull_every, "With --concurrent: env steps between the collector's weight pulls.",
+    "pull_every", _DEFAULTS.pull_every, "Env steps between the collector's pulls of the learner's weights.",
     lower_bound=1,
 )  # fmt: skip
 FLAGS = flags.FLAGS

@@ -34,15 +34,14 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Iterator, cast
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 
-from tfreplay import ReplayBuffer, SampleToInsertRatio, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
+from tfreplay import ReplayBuffer, TFPrioritizedReplayBuffer, TFUniformReplayBuffer
 from tfreplay.keras import keras_module
 from tfreplay.rl import _optional
-from tfreplay.rl.actor_learner import Actor, ActorLearner
 from tfreplay.rl.agents import DqnAgent, LossInfo, make_q_network
 from tfreplay.rl.config import DqnConfig
 from tfreplay.rl.drivers import StepDriver, make_vector_env, transition_spec
@@ -54,6 +53,7 @@ from tfreplay.rl.learner import (
     prioritized_train_step,
 )
 from tfreplay.rl.observers import AverageEpisodeLength, AverageReturn
+from tfreplay.rl.pipeline import Pipeline
 from tfreplay.rl.policies import EpsilonGreedyPolicy
 
 __all__ = [  # the learner's pieces are re-exported: examples and tests import them from here
@@ -197,20 +197,6 @@ class _Due:
         return self._last.get(name, self._start) + interval if interval > 0 else float("inf")
 
 
-def _rate_limiter(config: DqnConfig) -> SampleToInsertRatio | None:
-    """The concurrent run's limiter: `train_steps_per_env_step` train steps of `batch_size` samples per stored
-    transition once `initial_collect_steps` are stored (when the sequential loop starts learning; or the buffer
-    is full, if smaller), within one learner call plus one collect call's share each way. None for the
-    sequential loop."""
-    c = config
-    if not c.concurrent:
-        return None
-    samples_per_insert = c.train_steps_per_env_step * c.batch_size
-    error = c.train_steps_per_call * c.batch_size + samples_per_insert * c.num_envs
-    capacity = _max_length(c) * c.num_envs  # a buffer smaller than the random steps fills up first
-    return SampleToInsertRatio(samples_per_insert, min(max(c.initial_collect_steps, 1), capacity), error)
-
-
 def _max_length(config: DqnConfig) -> int:
     """Each segment's length: the buffer size over the environments, long enough for one n-step window."""
     return max(config.buffer_size // config.num_envs, config.n_step + 1)
@@ -241,33 +227,28 @@ class _Run:
         max_length = _max_length(c)
         self.buffer: ReplayBuffer
         beta = beta_schedule(c)
-        self.limiter = limiter = _rate_limiter(c)
         if c.prioritized:
-            self.buffer = TFPrioritizedReplayBuffer(
-                spec, c.num_envs, max_length, alpha=c.alpha, seed=c.seed, rate_limiter=limiter
-            )
+            self.buffer = TFPrioritizedReplayBuffer(spec, c.num_envs, max_length, alpha=c.alpha, seed=c.seed)
 
             def step(experience: Any) -> LossInfo:  # beta comes from env_steps inside the graph: no eager op
                 return prioritized_train_step(self.agent, self.buffer, experience, beta(self.env_steps), c.priority_eps)
 
             self._prioritized_step = tf.function(step)
         else:
-            self.buffer = TFUniformReplayBuffer(
-                spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed, rate_limiter=limiter
-            )
+            self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed)
         self.returns, self.lengths = AverageReturn(20), AverageEpisodeLength(20)
-        self.seconds = {"collect": 0.0, "learn": 0.0, "evaluate": 0.0}
-        epsilon = lambda: linear_epsilon(c, int(self.env_steps.numpy()))  # noqa: E731
-        policy = self.agent.policy(epsilon, seed=c.seed)
-        if c.concurrent:  # the collector acts with its own copy, pulled from the learner's every pull_every steps
-            self.seconds = {"collect": 0.0, "learn": 0.0, "overlap": 0.0, "evaluate": 0.0}
-            self.actor_q_network = keras.models.clone_model(q_network)
-            self.actor_q_network.set_weights(q_network.get_weights())
-            policy = EpsilonGreedyPolicy(self.actor_q_network, num_actions, epsilon=epsilon, seed=c.seed)
-        self.driver = StepDriver(
-            self.env, policy, [self.buffer.add_batch, self.returns, self.lengths], num_steps=c.num_envs, seed=c.seed
-        )
-        if c.train_steps_per_call > 1 or c.concurrent:  # sampled inside the loop's graph: no dataset
+        self.seconds = {"collect": 0.0, "learn": 0.0, "overlap": 0.0, "evaluate": 0.0}
+        if not c.concurrent:
+            del self.seconds["overlap"]
+        # The collector acts with its own copy of the Q-network, which takes the learner's weights every
+        # pull_every env steps (a Pipeline's pulls), so both modes make the same run.
+        self.actor_q_network = keras.models.clone_model(q_network)
+        self.actor_q_network.set_weights(q_network.get_weights())
+        self.acted_from = 0  # env steps made before this loop (a resumed run's)
+        self.loss, self.credit = float("nan"), 0.0  # the last train step's loss, train steps earned not taken
+        policy = EpsilonGreedyPolicy(self.actor_q_network, num_actions, epsilon=self.epsilon, seed=c.seed)
+        self.driver = StepDriver(self.env, policy, num_steps=c.num_envs, seed=c.seed)
+        if c.train_steps_per_call > 1:  # sampled inside the loop's graph: no dataset
             self._train_loop = self.agent.train_loop(
                 self.buffer,
                 c.batch_size,
@@ -305,19 +286,20 @@ class _Run:
             with open(path) as f:
                 self.history = json.load(f)
 
-    def iterate(self, loss: float, credit: float) -> tuple[float, float]:
-        """One vector step of collection, then the train steps it earned."""
+    def epsilon(self) -> float:
+        """The collect policy's epsilon at the collector's own count of env steps."""
+        return linear_epsilon(self.config, self.acted_from + self.driver.num_env_steps)
+
+    def learn(self, env_steps: int, new_steps: int) -> None:
+        """The learning side of one collect: the train steps its env steps earned, once the random steps are in."""
         c = self.config
-        with self.timed("collect"):
-            self.env_steps.assign_add(self.driver.run())
-        if int(self.env_steps.numpy()) < c.initial_collect_steps:
-            return loss, credit
-        credit += c.train_steps_per_env_step * c.num_envs
-        with self.timed("learn"):
-            while credit >= c.train_steps_per_call:
-                loss = float(self.train_once().loss)  # read back: the step is done
-                credit -= c.train_steps_per_call
-        return loss, credit
+        self.env_steps.assign(env_steps)
+        if env_steps < c.initial_collect_steps:
+            return
+        self.credit += c.train_steps_per_env_step * new_steps
+        while self.credit >= c.train_steps_per_call:
+            self.loss = float(self.train_once().loss)  # read back: the step is done
+            self.credit -= c.train_steps_per_call
 
     @contextlib.contextmanager
     def timed(self, part: str) -> Iterator[None]:
@@ -376,104 +358,61 @@ class _Run:
                 json.dump(self.history, f)
 
     def loop(self) -> float:
-        """Collects and trains until `num_env_steps`; returns the loop's seconds."""
-        if self.config.concurrent:
-            return self.loop_concurrent()
-        c, loss, credit, stop = self.config, float("nan"), 0.0, False
-        first = int(self.env_steps.numpy())
-        start, due = time.perf_counter(), _Due(first)
-        with _optional.progress_bar(c.num_env_steps, first, c.progress) as bar:
-            while (steps := int(self.env_steps.numpy())) < c.num_env_steps and not stop:
-                loss, credit = self.iterate(loss, credit)
-                stop = self.events(steps, loss, bar, due, start, first)
-        return self.finish(loss, start, stop)
-
-    def loop_concurrent(self) -> float:
-        """`loop` with collection and learning at once (`ActorLearner`): the random steps first, here, then a
-        collector thread and a learner thread while this one logs, evaluates and saves (with both held)."""
-        c, loss, stop = self.config, float("nan"), False
-        first = int(self.env_steps.numpy())
-        start, due = time.perf_counter(), _Due(first)
-        with _optional.progress_bar(c.num_env_steps, first, c.progress) as bar:
-            while (steps := int(self.env_steps.numpy())) < min(c.initial_collect_steps, c.num_env_steps):
-                with self.timed("collect"):
-                    self.env_steps.assign_add(self.driver.run())
-                stop = self.events(steps, loss, bar, due, start, first)
-            offset = int(self.env_steps.numpy())  # the run counts its own env steps from 0
-            if offset < c.num_env_steps and not stop:
-                loss, stop = self.run_concurrent(offset, bar, due, start, first)
-        return self.finish(loss, start, stop)
-
-    def run_concurrent(self, offset: int, bar: Any, due: _Due, start: float, first: int) -> tuple[float, bool]:
-        """Runs the collector and learner threads from `offset` env steps until the end (or an early stop),
-        handling what is due at each log, evaluation or checkpoint step; returns the last loss and the stop."""
-        c, loss, stop = self.config, float("nan"), False
-        run = self.actor_learner(c.num_env_steps - offset)
-        try:
-            with run:
-                while (steps := int(self.env_steps.numpy())) < c.num_env_steps and not stop:
-                    events = (("log", c.log_interval), ("eval", c.eval_interval), ("save", c.checkpoint_interval))
-                    target = min([due.next(name, every) for name, every in events] + [c.num_env_steps])
-                    run.wait_for(int(target) - offset)
-                    loss = float("nan") if run.last_result is None else run.last_result
-                    stop = self.events(steps, loss, bar, due, start, first, run.paused)
-        finally:
-            for part, seconds in run.seconds.items():
-                self.seconds[part] += seconds
-        return loss, stop
-
-    def actor_learner(self, num_env_steps: int) -> ActorLearner:
-        """The collector and the learner of a concurrent run, kept at the sequential loop's ratio by the
-        buffer's `SampleToInsertRatio`, for `num_env_steps` more env steps."""
+        """Collects and trains until `num_env_steps` (or an early stop); returns the loop's seconds. A
+        `Pipeline`: with `concurrent`, the collector runs on a thread of its own, and the run is the same."""
         c = self.config
+        first = self.acted_from = int(self.env_steps.numpy())
+        start, due = time.perf_counter(), _Due(first)
+        self.loss, self.credit, stop, shown = float("nan"), 0.0, False, first
+        if first >= c.num_env_steps:
+            return self.finish(self.loss, start, False)
+        with _optional.progress_bar(c.num_env_steps, first, c.progress) as bar:
 
-        def collect() -> int:
-            steps = self.driver.run()
-            self.env_steps.assign_add(steps)
-            return steps
+            def after(env_steps: int) -> bool:
+                nonlocal shown, stop
+                stop = self.events(shown, bar, due, start, first)
+                shown = env_steps
+                return stop
 
-        actor = Actor(collect, c.num_envs, self.actor_q_network.set_weights)
-        return ActorLearner(
-            self.buffer,
-            cast(SampleToInsertRatio, self.limiter),  # a concurrent run's buffer has one
-            lambda: float(self._train_loop().loss),  # read back: the call is done
-            c.train_steps_per_call * c.batch_size,
-            [actor],
-            weights=self.agent.q_network.get_weights,
-            pull_every=c.pull_every,
-            num_env_steps=num_env_steps,
-        )
+            run = Pipeline(
+                self.driver,
+                [self.buffer.add_batch, self.returns, self.lengths],
+                self.learn,
+                after=after,
+                weights=self.agent.q_network.get_weights,
+                set_weights=self.actor_q_network.set_weights,
+                pull_every=c.pull_every,
+                num_env_steps=c.num_env_steps,
+                env_steps=first,
+                concurrent=c.concurrent,
+            )
+            try:
+                run.run()
+            finally:
+                for part, seconds in run.seconds.items():
+                    if part in self.seconds:
+                        self.seconds[part] += seconds
+        return self.finish(self.loss, start, stop)
 
-    def events(
-        self,
-        steps: int,
-        loss: float,
-        bar: Any,
-        due: _Due,
-        start: float,
-        first: int,
-        hold: Callable[[], Any] = contextlib.nullcontext,
-    ) -> bool:
+    def events(self, steps: int, bar: Any, due: _Due, start: float, first: int) -> bool:
         """What is due after the loop went from `steps` env steps to now: a log point, a greedy evaluation and a
-        checkpoint (these two inside `hold()`); True: stop early."""
+        checkpoint; True: stop early."""
         c, stop = self.config, False
         now = int(self.env_steps.numpy())
         bar.update(now - steps)
         evaluate_now = now >= c.initial_collect_steps and due("eval", now, c.eval_interval)
         if due("log", now, c.log_interval) or evaluate_now:
             elapsed = time.perf_counter() - start
-            point = self.log(loss, elapsed)
+            point = self.log(self.loss, elapsed)
             shown = {"avg_return": (point["average_return"], ".1f"), "loss": (point["loss"], ".3f")}
             bar.set_postfix(  # a figure not measured yet (no episode ended, no train step) is left out
                 **{name: format(value, spec) for name, (value, spec) in shown.items() if value is not None},
                 env_steps_per_s=f"{(now - first) / max(elapsed, 1e-9):.0f}",
             )
         if evaluate_now:
-            with hold():
-                stop = self.evaluate_now()
+            stop = self.evaluate_now()
         if due("save", now, c.checkpoint_interval):
-            with hold():
-                self.save()
+            self.save()
         return stop
 
     def finish(self, loss: float, start: float, stop: bool) -> float:
