@@ -51,8 +51,9 @@ def one_setting(rounds: int, calls: int) -> Dict[str, List[List[float]]]:
     from tfreplay.rl import demo  # sets TensorFlow's log level and TF_USE_LEGACY_KERAS as the demo does
     from tfreplay.rl.training import _Run
 
-    demo.FLAGS(["demo", "--noearly_stop", "--noconcurrent"])  # taking turns: no rate limiter between the calls
+    demo.FLAGS(["demo", "--noearly_stop", "--noconcurrent"])
     run = _Run(demo.config_from_flags())
+    run.driver.add_observer(run.buffer.add_batch)  # a collect call: the vector step and its add, as taking turns pays
     while int(run.env_steps.numpy()) < run.config.initial_collect_steps:
         run.env_steps.assign_add(run.driver.run())
     learn = lambda: float(run._train_loop().loss)  # noqa: E731  (read back: the call is done)

@@ -6,5 +6,6 @@ tf-keras when `TF_USE_LEGACY_KERAS=1` (see `tfreplay.keras.keras_module`); a `Dq
 model of either and never mixes the two.
 Modules: `drivers` (StepDriver, EpisodeDriver over gymnasium vector envs),
 `observers`, `policies`, `agents` (DqnAgent), `learner`, `config` (DqnConfig), `training`
-(`train_dqn`), `collectors` (Ray collector actors for `tfreplay.distributed`).
+(`train_dqn`), `pipeline` (collect on a thread while learning, the same run), `actor_learner` (several
+collectors at their own pace, kept at a ratio), `collectors` (Ray collector actors for `tfreplay.distributed`).
 """
