@@ -164,6 +164,10 @@ class Clock:
         finally:
             self.seconds[part] += time.perf_counter() - start
 
+    def take(self, seconds: dict) -> None:
+        """The pipeline's time split (`collect`, `learn`, `overlap`), for the parts this clock shows."""
+        self.seconds.update({part: s for part, s in seconds.items() if part in self.seconds})
+
     def line(self) -> str:
         parts = ", ".join(f"{part} {s:.1f} s" for part, s in self.seconds.items())
         return f"{time.perf_counter() - self.start:.1f} s ({parts})"
@@ -218,7 +222,7 @@ def train(
             with clock("evaluate"):
                 policy = NoisyPolicy(agent, 0.0, seed)
                 state["greedy"] = float(np.mean(evaluate(ENV_ID, policy, eval_episodes, seed=seed + 1_000 + env_steps)))
-            clock.seconds.update({part: s for part, s in run.seconds.items() if part in clock.seconds})
+            clock.take(run.seconds)
             print(
                 f"env steps {env_steps:6d} | episodes {driver.num_episodes:4d} | "
                 f"return {returns.result():7.1f} | greedy {state['greedy']:7.1f} | "
@@ -238,7 +242,7 @@ def train(
         concurrent=concurrent,
     )
     run.run()
-    clock.seconds.update({part: s for part, s in run.seconds.items() if part in clock.seconds})
+    clock.take(run.seconds)
     greedy = state["greedy"]
     env.close()
     num_train_steps = int(agent.critic_optimizer.iterations)

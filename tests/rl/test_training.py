@@ -193,6 +193,18 @@ def run_fingerprint(seed, train_steps_per_call=1, **overrides):
     }
 
 
+def assert_same_run(run, reference):
+    """The same losses, returns, evaluations, weights and buffer."""
+    assert (run["losses"], run["returns"], run["eval_returns"]) == (
+        reference["losses"],
+        reference["returns"],
+        reference["eval_returns"],
+    )
+    for a, b in zip(run["weights"], reference["weights"]):
+        np.testing.assert_array_equal(a, b)
+    tf.nest.map_structure(np.testing.assert_array_equal, run["buffer"], reference["buffer"])
+
+
 @pytest.mark.keras
 @pytest.mark.slow
 @pytest.mark.parametrize("train_steps_per_call", [1, 4], ids=["dataset", "fused-xla"])
@@ -201,14 +213,7 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another(train_steps_p
     other seed is left out: it would check the seeding again, not the loop)."""
     first, again = run_fingerprint(0, train_steps_per_call), run_fingerprint(0, train_steps_per_call)
     assert len(first["losses"]) == 16 and all(loss is not None for loss in first["losses"][5:])
-    assert (again["losses"], again["returns"], again["eval_returns"]) == (
-        first["losses"],
-        first["returns"],
-        first["eval_returns"],
-    )
-    for a, b in zip(again["weights"], first["weights"]):
-        np.testing.assert_array_equal(a, b)
-    tf.nest.map_structure(np.testing.assert_array_equal, again["buffer"], first["buffer"])
+    assert_same_run(again, first)
     if train_steps_per_call > 1:
         return
     other = run_fingerprint(1)
@@ -539,14 +544,7 @@ def test_a_concurrent_run_is_the_run_of_taking_turns(prioritized):
     turns = run_fingerprint(0, 4, prioritized=prioritized, pull_every=40)
     both = run_fingerprint(0, 4, prioritized=prioritized, pull_every=40, concurrent=True)
     assert turns["train_steps"] == both["train_steps"] == (320 - 100 + 4) // 4 * 2 // 4 * 4
-    assert (both["losses"], both["returns"], both["eval_returns"]) == (
-        turns["losses"],
-        turns["returns"],
-        turns["eval_returns"],
-    )
-    for a, b in zip(both["weights"], turns["weights"]):
-        np.testing.assert_array_equal(a, b)
-    tf.nest.map_structure(np.testing.assert_array_equal, both["buffer"], turns["buffer"])
+    assert_same_run(both, turns)
     assert list(both["seconds"]) == ["collect", "learn", "overlap", "evaluate"]
     assert 0 < both["seconds"]["overlap"] <= min(both["seconds"]["collect"], both["seconds"]["learn"])
     assert "overlap" not in turns["seconds"]

@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from tfreplay import RateLimiter
 from tfreplay._src import specs
+from tfreplay.rl._busy import BusyClock
 
 __all__ = ["Actor", "ActorLearner"]
 
@@ -126,8 +127,8 @@ class ActorLearner:
         self._error: BaseException | None = None
         self._published: tuple[int, Any] = (0, None)
         self.last_result: Any = None
-        self.seconds = {"collect": 0.0, "learn": 0.0, "overlap": 0.0}
-        self._last_tick = time.perf_counter()
+        self._clock = BusyClock()
+        self.seconds = self._clock.seconds
         self._threads: list[threading.Thread] = []
 
     @property
@@ -144,7 +145,7 @@ class ActorLearner:
         """Starts the learner thread and one thread per actor."""
         if self._threads:
             raise ValueError("ActorLearner.start: the threads (started) must be started once.")
-        self._last_tick = time.perf_counter()
+        self._clock.restart()
         self._threads = [threading.Thread(target=self._guard, args=(self._learner,), name="learner", daemon=True)]
         for i, actor in enumerate(self._actors):
             args = (self._collector, actor)
@@ -315,12 +316,7 @@ class ActorLearner:
 
     def _tick(self) -> None:
         """Adds the time since the last change of who is busy to `seconds` (under the condition's lock)."""
-        now = time.perf_counter()
-        elapsed, self._last_tick = now - self._last_tick, now
-        collecting, learning = self._collecting > 0, self._learning
-        self.seconds["collect"] += elapsed if collecting else 0.0
-        self.seconds["learn"] += elapsed if learning else 0.0
-        self.seconds["overlap"] += elapsed if collecting and learning else 0.0
+        self._clock.tick(self._collecting > 0, self._learning)
 
     def _raise(self) -> None:
         if self._error is not None and not self._raised:

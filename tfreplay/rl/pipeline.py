@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import deque
 from typing import Any, Callable, Iterator, Sequence
 
@@ -44,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfreplay._src import specs
+from tfreplay.rl._busy import BusyClock
 from tfreplay.rl.observers import call_observers
 
 __all__ = ["Pipeline"]
@@ -123,10 +123,10 @@ class Pipeline:
         self._staged: list = []
         driver.add_observer(self._stage)
         self.env_steps = int(env_steps)
-        self.seconds = {"collect": 0.0, "learn": 0.0, "overlap": 0.0}
+        self._clock = BusyClock()
+        self.seconds = self._clock.seconds
         self._cond = threading.Condition()
         self._busy_sides: set = set()
-        self._last_tick = time.perf_counter()
         self._ran = self._stop = self._collector_done = False
         self._error: BaseException | None = None
         self._snapshots: dict[int, Any] = {}
@@ -147,7 +147,7 @@ class Pipeline:
         if self._ran:
             raise ValueError(f"{_WHERE}.run: a pipeline (run already) runs once; make a new one for another run.")
         self._ran = True
-        self._last_tick = time.perf_counter()
+        self._clock.restart()
         self._snapshots = {0: self._weights() if self._weights is not None else None}  # the first pull's
         if self._concurrent:
             self._run_threads()
@@ -194,12 +194,7 @@ class Pipeline:
 
     def _tick(self) -> None:
         """Adds the time since the last change of who is busy to `seconds` (under the condition's lock)."""
-        now = time.perf_counter()
-        elapsed, self._last_tick = now - self._last_tick, now
-        for side in self._busy_sides:
-            self.seconds[side] += elapsed
-        if len(self._busy_sides) == 2:
-            self.seconds["overlap"] += elapsed
+        self._clock.tick("collect" in self._busy_sides, "learn" in self._busy_sides)
 
     # Taking turns.
     def _run_turns(self) -> None:

@@ -237,9 +237,8 @@ class _Run:
         else:
             self.buffer = TFUniformReplayBuffer(spec, batch_size=c.num_envs, max_length=max_length, seed=c.seed)
         self.returns, self.lengths = AverageReturn(20), AverageEpisodeLength(20)
-        self.seconds = {"collect": 0.0, "learn": 0.0, "overlap": 0.0, "evaluate": 0.0}
-        if not c.concurrent:
-            del self.seconds["overlap"]
+        parts = ("collect", "learn", "overlap", "evaluate") if c.concurrent else ("collect", "learn", "evaluate")
+        self.seconds = dict.fromkeys(parts, 0.0)
         # The collector acts with its own copy of the Q-network, which takes the learner's weights every
         # pull_every env steps (a Pipeline's pulls), so both modes make the same run.
         self.actor_q_network = keras.models.clone_model(q_network)
